@@ -1,0 +1,87 @@
+-- pgflow-rs SQL core, migration 0002: small pure helpers that tables and functions build on.
+--
+-- Upstream interface: is_valid_slug, is_local, calculate_retry_delay.
+-- Additions (documented in COMPATIBILITY.md): the two timing buffers, the run notification channel name.
+
+-- A slug is an identifier-like name: letter or underscore first, then letters, digits or underscores,
+-- at most 128 characters, and never the reserved word `run` (step inputs use step slugs as keys).
+create function pgflow.is_valid_slug(slug text)
+returns boolean
+language plpgsql
+immutable
+set search_path = ''
+as $$
+begin
+  return slug is not null
+    and slug <> ''
+    and length(slug) <= 128
+    and slug ~ '^[a-zA-Z_][a-zA-Z0-9_]*$'
+    and slug <> 'run';
+end;
+$$;
+
+-- Whether this database is a local development database, where `ensure_flow_compiled` may recompile a flow
+-- destructively when its shape changed.
+--
+-- Two ways to say "local":
+--   * the Supabase CLI's fixed local JWT secret in `app.settings.jwt_secret` (upstream's rule);
+--   * outside Supabase: `ALTER DATABASE <db> SET pgflow.local = 'true'` (or `SET pgflow.local = 'true'` in a
+--     session). Production databases must never set it.
+create function pgflow.is_local()
+returns boolean
+language sql
+stable
+parallel safe
+set search_path = ''
+as $$
+  select coalesce(
+      current_setting('app.settings.jwt_secret', true)
+        = 'super-secret-jwt-token-with-at-least-32-characters-long',
+      false)
+    or coalesce(lower(current_setting('pgflow.local', true)) in ('true', 'on', '1', 'yes'), false);
+$$;
+
+-- Exponential backoff: the delay before the next attempt, after `attempts_count` attempts so far.
+create function pgflow.calculate_retry_delay(base_delay numeric, attempts_count int)
+returns int
+language sql
+immutable
+parallel safe
+set search_path = ''
+as $$
+  select floor(base_delay * power(2, attempts_count))::int;
+$$;
+
+-- Timing buffers, in seconds, in one place.
+--
+-- A claimed task's message is kept invisible for (effective step timeout + claim buffer): the worker enforces
+-- the timeout itself, and the buffer covers the round trip that reports the result.
+--
+-- A started task counts as stalled once it has been running for (effective step timeout + stall buffer).
+-- The stall buffer is larger than the claim buffer, so a task is never requeued while its claim visibility
+-- (and a late but honest result) is still pending.
+--
+-- "Effective step timeout" is always coalesce(steps.opt_timeout, flows.opt_timeout).
+create function pgflow._claim_visibility_buffer_seconds()
+returns int
+language sql
+immutable
+parallel safe
+as $$ select 2 $$;
+
+create function pgflow._stall_buffer_seconds()
+returns int
+language sql
+immutable
+parallel safe
+as $$ select 30 $$;
+
+-- The pg_notify channel carrying the events of one run when Supabase Realtime is not installed:
+-- `pgflow_run_` followed by the run id as 32 lowercase hex digits (43 characters, below the 63-byte limit
+-- for identifiers). A client runs `LISTEN pgflow_run_<hex>` before starting or while watching a run.
+create function pgflow.run_channel(run_id uuid)
+returns text
+language sql
+immutable
+parallel safe
+as $$ select 'pgflow_run_' || replace(run_id::text, '-', '') $$;

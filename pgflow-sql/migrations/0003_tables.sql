@@ -1,0 +1,278 @@
+-- pgflow-rs SQL core, migration 0003: tables, the task record type, indexes and integrity triggers.
+--
+-- Tables, columns, defaults and constraint names follow upstream pgflow exactly. Additions:
+--   * steps.queue_name       canonical lowercase PGMQ queue that receives the step's tasks;
+--   * step_tasks.queue_name  immutable snapshot of that queue, taken when the task is created;
+--   * task statuses `skipped` and `cancelled`;
+--   * unique (queue_name, message_id) on step_tasks, and a case-insensitive unique flow slug.
+
+------------------------------------------------------------------------------------------------------------
+-- Definitions
+------------------------------------------------------------------------------------------------------------
+
+create table pgflow.flows (
+  flow_slug text primary key,
+  opt_max_attempts int not null default 3,
+  opt_base_delay int not null default 1,
+  opt_timeout int not null default 60,
+  created_at timestamptz not null default now(),
+  constraint slug_is_valid check (pgflow.is_valid_slug(flow_slug)),
+  constraint opt_max_attempts_is_nonnegative check (opt_max_attempts >= 0),
+  constraint opt_base_delay_is_nonnegative check (opt_base_delay >= 0),
+  constraint opt_timeout_is_positive check (opt_timeout > 0)
+);
+
+-- Two slugs that differ only in case would share one PGMQ queue (PGMQ lower-cases table names).
+create unique index flows_flow_slug_lower_key on pgflow.flows (lower(flow_slug));
+
+create table pgflow.steps (
+  flow_slug text not null references pgflow.flows (flow_slug),
+  step_slug text not null check (pgflow.is_valid_slug(step_slug)),
+  step_type text not null default 'single' check (step_type in ('single', 'map')),
+  step_index int not null default 0,
+  deps_count int not null default 0 check (deps_count >= 0),
+  opt_max_attempts int,
+  opt_base_delay int,
+  opt_timeout int,
+  opt_start_delay int,
+  required_input_pattern jsonb,
+  forbidden_input_pattern jsonb,
+  when_unmet text not null default 'skip',
+  when_exhausted text not null default 'fail',
+  created_at timestamptz not null default now(),
+  -- Canonical physical queue of the step's future tasks. Plain flows: lower(flow_slug).
+  queue_name text not null,
+  primary key (flow_slug, step_slug),
+  unique (flow_slug, step_index),
+  constraint opt_max_attempts_is_nonnegative check (opt_max_attempts is null or opt_max_attempts >= 0),
+  constraint opt_base_delay_is_nonnegative check (opt_base_delay is null or opt_base_delay >= 0),
+  constraint opt_timeout_is_positive check (opt_timeout is null or opt_timeout > 0),
+  constraint opt_start_delay_is_nonnegative check (opt_start_delay is null or opt_start_delay >= 0),
+  constraint required_input_pattern_is_object check (
+    required_input_pattern is null or jsonb_typeof(required_input_pattern) = 'object'),
+  constraint forbidden_input_pattern_is_object check (
+    forbidden_input_pattern is null or jsonb_typeof(forbidden_input_pattern) = 'object'),
+  constraint when_unmet_is_valid check (when_unmet in ('fail', 'skip', 'skip-cascade')),
+  constraint when_exhausted_is_valid check (when_exhausted in ('fail', 'skip', 'skip-cascade')),
+  constraint queue_name_is_lowercase check (queue_name = lower(queue_name))
+);
+
+create table pgflow.deps (
+  flow_slug text not null references pgflow.flows (flow_slug),
+  dep_slug text not null,
+  step_slug text not null,
+  created_at timestamptz not null default now(),
+  primary key (flow_slug, dep_slug, step_slug),
+  foreign key (flow_slug, dep_slug) references pgflow.steps (flow_slug, step_slug),
+  foreign key (flow_slug, step_slug) references pgflow.steps (flow_slug, step_slug),
+  check (dep_slug <> step_slug)
+);
+
+create index idx_deps_by_flow_step on pgflow.deps (flow_slug, step_slug);
+create index idx_deps_by_flow_dep on pgflow.deps (flow_slug, dep_slug);
+
+------------------------------------------------------------------------------------------------------------
+-- Workers
+------------------------------------------------------------------------------------------------------------
+
+create table pgflow.workers (
+  worker_id uuid primary key,
+  queue_name text not null,
+  function_name text not null,
+  started_at timestamptz not null default now(),
+  deprecated_at timestamptz,
+  stopped_at timestamptz,
+  last_heartbeat_at timestamptz not null default now()
+);
+
+create index idx_workers_queue_name on pgflow.workers (queue_name);
+create index idx_workers_heartbeat on pgflow.workers (last_heartbeat_at);
+
+create table pgflow.worker_functions (
+  function_name text primary key,
+  enabled boolean not null default true,
+  debounce interval not null default '6 seconds' check (debounce >= '1 second'),
+  last_invoked_at timestamptz,
+  created_at timestamptz not null default now(),
+  updated_at timestamptz not null default now()
+);
+
+------------------------------------------------------------------------------------------------------------
+-- Runtime state
+------------------------------------------------------------------------------------------------------------
+
+create table pgflow.runs (
+  run_id uuid primary key default gen_random_uuid(),
+  flow_slug text not null references pgflow.flows (flow_slug),
+  status text not null default 'started',
+  input jsonb not null,
+  output jsonb,
+  remaining_steps int not null default 0 check (remaining_steps >= 0),
+  started_at timestamptz not null default now(),
+  completed_at timestamptz,
+  failed_at timestamptz,
+  constraint status_is_valid check (status in ('started', 'failed', 'completed')),
+  constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
+  constraint completed_at_is_after_started_at check (completed_at is null or completed_at >= started_at),
+  constraint failed_at_is_after_started_at check (failed_at is null or failed_at >= started_at)
+);
+
+create index idx_runs_flow_slug on pgflow.runs (flow_slug);
+create index idx_runs_status on pgflow.runs (status);
+
+create table pgflow.step_states (
+  flow_slug text not null references pgflow.flows (flow_slug),
+  run_id uuid not null references pgflow.runs (run_id),
+  step_slug text not null,
+  status text not null default 'created',
+  remaining_tasks int,
+  initial_tasks int check (initial_tasks is null or initial_tasks >= 0),
+  remaining_deps int not null default 0 check (remaining_deps >= 0),
+  output jsonb,
+  error_message text,
+  skip_reason text,
+  created_at timestamptz not null default now(),
+  started_at timestamptz,
+  completed_at timestamptz,
+  failed_at timestamptz,
+  skipped_at timestamptz,
+  primary key (run_id, step_slug),
+  foreign key (flow_slug, step_slug) references pgflow.steps (flow_slug, step_slug),
+  constraint status_is_valid check (status in ('created', 'started', 'completed', 'failed', 'skipped')),
+  constraint status_and_remaining_tasks_match check (status <> 'completed' or remaining_tasks = 0),
+  constraint remaining_tasks_state_consistency check (
+    remaining_tasks is null or status not in ('created', 'skipped')),
+  constraint initial_tasks_known_when_started check (status <> 'started' or initial_tasks is not null),
+  constraint output_only_for_completed_or_null check (output is null or status = 'completed'),
+  constraint skip_reason_matches_status check (
+    (status = 'skipped' and skip_reason is not null) or (status <> 'skipped' and skip_reason is null)),
+  constraint completed_at_or_failed_at_or_skipped_at check (
+    (completed_at is not null)::int + (failed_at is not null)::int + (skipped_at is not null)::int <= 1),
+  constraint started_at_is_after_created_at check (started_at is null or started_at >= created_at),
+  constraint completed_at_is_after_started_at check (
+    completed_at is null or started_at is null or completed_at >= started_at),
+  constraint failed_at_is_after_started_at check (
+    failed_at is null or started_at is null or failed_at >= started_at),
+  constraint skipped_at_is_after_created_at check (skipped_at is null or skipped_at >= created_at)
+);
+
+-- Ready steps of a run (start_ready_steps, cascades).
+create index idx_step_states_ready on pgflow.step_states (run_id, status, remaining_deps)
+  where status = 'created' and remaining_deps = 0;
+create index idx_step_states_failed on pgflow.step_states (run_id, step_slug) where status = 'failed';
+create index idx_step_states_flow_slug on pgflow.step_states (flow_slug);
+
+create table pgflow.step_tasks (
+  flow_slug text not null references pgflow.flows (flow_slug),
+  run_id uuid not null references pgflow.runs (run_id),
+  step_slug text not null,
+  message_id bigint,
+  task_index int not null default 0,
+  status text not null default 'queued',
+  attempts_count int not null default 0,
+  error_message text,
+  output jsonb,
+  queued_at timestamptz not null default now(),
+  started_at timestamptz,
+  completed_at timestamptz,
+  failed_at timestamptz,
+  last_worker_id uuid references pgflow.workers (worker_id) on delete set null,
+  requeued_count int not null default 0,
+  last_requeued_at timestamptz,
+  permanently_stalled_at timestamptz,
+  -- Immutable snapshot of the step's queue when the task was created. Every queue operation on this task
+  -- uses (queue_name, message_id). Filled from steps.queue_name when an insert leaves it NULL.
+  queue_name text not null,
+  primary key (run_id, step_slug, task_index),
+  foreign key (run_id, step_slug) references pgflow.step_states (run_id, step_slug),
+  constraint valid_status check (
+    status in ('queued', 'started', 'completed', 'failed', 'skipped', 'cancelled')),
+  constraint output_valid_only_for_completed check (output is null or status in ('completed', 'failed')),
+  constraint attempts_count_nonnegative check (attempts_count >= 0),
+  constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
+  constraint completed_at_is_after_queued_at check (completed_at is null or completed_at >= queued_at),
+  constraint failed_at_is_after_queued_at check (failed_at is null or failed_at >= queued_at),
+  constraint started_at_is_after_queued_at check (started_at is null or started_at >= queued_at),
+  constraint completed_at_is_after_started_at check (
+    completed_at is null or started_at is null or completed_at >= started_at),
+  constraint failed_at_is_after_started_at check (
+    failed_at is null or started_at is null or failed_at >= started_at)
+);
+
+-- PGMQ message identity is (queue, msg_id); one message belongs to at most one task. This index is also
+-- the claim path of start_tasks.
+create unique index step_tasks_queue_name_message_id_key on pgflow.step_tasks (queue_name, message_id);
+-- Stalled-task recovery scans only started tasks.
+create index idx_step_tasks_started on pgflow.step_tasks (started_at) where status = 'started';
+create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id) where status = 'started';
+
+------------------------------------------------------------------------------------------------------------
+-- Queue identity triggers
+------------------------------------------------------------------------------------------------------------
+
+create function pgflow._steps_default_queue_name()
+returns trigger
+language plpgsql
+set search_path = ''
+as $$
+begin
+  new.queue_name := lower(new.flow_slug);
+  return new;
+end;
+$$;
+
+create trigger steps_default_queue_name
+  before insert on pgflow.steps
+  for each row when (new.queue_name is null)
+  execute function pgflow._steps_default_queue_name();
+
+create function pgflow._step_tasks_snapshot_queue_name()
+returns trigger
+language plpgsql
+set search_path = ''
+as $$
+begin
+  select s.queue_name into new.queue_name
+  from pgflow.steps s
+  where s.flow_slug = new.flow_slug and s.step_slug = new.step_slug;
+  return new;
+end;
+$$;
+
+create trigger step_tasks_snapshot_queue_name
+  before insert on pgflow.step_tasks
+  for each row when (new.queue_name is null)
+  execute function pgflow._step_tasks_snapshot_queue_name();
+
+create function pgflow._step_tasks_queue_name_is_immutable()
+returns trigger
+language plpgsql
+set search_path = ''
+as $$
+begin
+  raise exception 'step_tasks.queue_name is immutable: task (run_id %, step %, task_index %) belongs to queue "%"',
+    old.run_id, old.step_slug, old.task_index, old.queue_name
+    using errcode = 'integrity_constraint_violation',
+          detail = format('An update tried to change it to "%s".', new.queue_name),
+          hint = 'A task keeps the queue it was created in; send new work instead of moving tasks.';
+end;
+$$;
+
+create trigger step_tasks_queue_name_is_immutable
+  before update of queue_name on pgflow.step_tasks
+  for each row when (old.queue_name is distinct from new.queue_name)
+  execute function pgflow._step_tasks_queue_name_is_immutable();
+
+------------------------------------------------------------------------------------------------------------
+-- The record start_tasks returns
+------------------------------------------------------------------------------------------------------------
+
+create type pgflow.step_task_record as (
+  flow_slug text,
+  run_id uuid,
+  step_slug text,
+  input jsonb,
+  msg_id bigint,
+  task_index int,
+  flow_input jsonb
+);
