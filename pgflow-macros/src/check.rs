@@ -192,11 +192,16 @@ pub(crate) fn check(cx: &Ctxt, attr: &FlowAttr, module: &ItemMod, handlers: &[Ha
             Some(l) => (l.value(), l.span()),
             None => (h.fn_name(), h.ident.span()),
         };
-        if let Some(p) = slug_problem(&step_slug) {
-            cx.error(step_span, format!("invalid step {p}"));
-        }
+        let slug_ok = match slug_problem(&step_slug) {
+            Some(p) => {
+                cx.error(step_span, format!("invalid step {p}"));
+                false
+            }
+            None => true,
+        };
         let lower = step_slug.to_lowercase();
-        if let Some(&prev) = seen_slugs.get(&lower) {
+        if !slug_ok {
+        } else if let Some(&prev) = seen_slugs.get(&lower) {
             let prev_slug = &steps[prev].slug;
             if *prev_slug == step_slug {
                 cx.error(
@@ -429,6 +434,19 @@ fn check_params(
     dep_idents: &[(usize, Ident)],
 ) {
     let values: Vec<&crate::ast::Param> = h.params.iter().filter(|p| !p.is_ctx).collect();
+    let listed: Vec<String> = h
+        .attr
+        .depends_on
+        .iter()
+        .flat_map(|(_, l)| l.iter().map(|i| syn::ext::IdentExt::unraw(i).to_string()))
+        .collect();
+    if h.attr
+        .depends_on
+        .as_ref()
+        .is_some_and(|(_, l)| l.is_empty())
+    {
+        return; // `depends_on = []` is already reported
+    }
     let single_value =
         step.kind == Kind::Map || (step.deps.is_empty() && h.attr.depends_on.is_none());
     if single_value {
@@ -473,6 +491,7 @@ fn check_params(
                 cx.error(p.name.span(), format!("dependency `{name}` is taken twice"));
             }
             Some(i) => taken[i] = true,
+            None if listed.contains(&name) => {} // an unresolved dependency, already reported
             None => {
                 let listed = dep_names
                     .iter()

@@ -410,13 +410,21 @@ fn dispatch_arm(
         out
     };
     let args = call_args(h);
+    let convert = match &h.error {
+        Some(e) => quote_spanned!(e.span()=> #p::into_step_error),
+        None => quote!(#p::into_step_error),
+    };
+    let encode = match &h.output {
+        Some(t) => quote_spanned!(t.span()=> #p::encode_output),
+        None => quote!(#p::encode_output),
+    };
     quote! {
         Step::#v => {
             let fut: #p::BoxFuture<'static, #p::Result<#p::serde_json::Value, #p::StepError>> =
                 #p::Box::pin(async move {
                     #(#decode)*
-                    let __pgflow_output = #f(#(#args),*).await.map_err(#p::into_step_error)?;
-                    #p::encode_output(#flow_slug, #step_slug, &__pgflow_output)
+                    let __pgflow_output = #f(#(#args),*).await.map_err(#convert)?;
+                    #encode(#flow_slug, #step_slug, &__pgflow_output)
                 });
             fut
         }
@@ -433,12 +441,6 @@ fn type_checks(
 ) -> TokenStream {
     let flow = &model.flow_ident;
     let mut out = Vec::new();
-    if let Some(t) = &h.output {
-        out.push(quote_spanned!(t.span()=> #p::assert_step_output::<#t>();));
-    }
-    if let Some(e) = &h.error {
-        out.push(quote_spanned!(e.span()=> #p::assert_handler_error::<#e>();));
-    }
     for (n, prm) in h.params.iter().enumerate() {
         let ty = &prm.ty;
         let span = ty.span();
@@ -449,11 +451,12 @@ fn type_checks(
         }
         match (s.kind, s.map_from) {
             (Kind::Map, Some(MapFrom::FlowInput(kw))) => {
-                out.push(
-                    quote_spanned!(kw=> #p::assert_map_source::<<#flow as #p::Flow>::Input>();),
-                );
+                let src_alias = Ident::new(&format!("__pgflow_source_{index}"), kw);
+                out.push(quote_spanned!(kw=>
+                    type #src_alias = <#flow as #p::Flow>::Input;
+                    #p::assert_map_source::<#src_alias>();));
                 out.push(quote_spanned!(span=>
-                    #p::assert_map_element_param::<#ty, <<#flow as #p::Flow>::Input as #p::MapSource>::Item>();));
+                    #p::assert_map_element_param::<#ty, <#src_alias as #p::MapSource>::Item>();));
             }
             (Kind::Map, Some(MapFrom::Dep(d, dep_span))) => {
                 let src = output_type(&handlers[d], &model.steps[d]);

@@ -112,7 +112,11 @@ fn json_kind(v: &Value) -> &'static str {
 }
 
 /// Encodes a handler's output exactly (`0`, `false`, `""` stay; `()` is `null`).
-pub fn encode_output<T: Serialize>(flow: &str, step: &str, output: &T) -> Result<Value, StepError> {
+pub fn encode_output<T: StepOutput>(
+    flow: &str,
+    step: &str,
+    output: &T,
+) -> Result<Value, StepError> {
     serde_json::to_value(output).map_err(|e| {
         StepError::terminal(format!(
             "flow `{flow}` step `{step}`: cannot serialize the output of type `{}` as JSON: {e}",
@@ -122,7 +126,7 @@ pub fn encode_output<T: Serialize>(flow: &str, step: &str, output: &T) -> Result
 }
 
 /// Converts a handler's error.
-pub fn into_step_error<E: Into<StepError>>(e: E) -> StepError {
+pub fn into_step_error<E: HandlerError>(e: E) -> StepError {
     e.into()
 }
 

@@ -1,0 +1,20 @@
+// Proves: `depends_on = []` is rejected.
+#[allow(unused_imports)]
+use pgflow_runtime::{flow, StepError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize)]
+pub struct Thread {
+    pub text: String,
+}
+#[flow(slug = "f", input = Thread)]
+mod f {
+    #[allow(unused_imports)]
+    use super::*;
+    #[step(depends_on = [])]
+    async fn fetch(thread: Thread) -> Result<String, StepError> {
+        Ok(thread.text)
+    }
+}
+
+fn main() {}
