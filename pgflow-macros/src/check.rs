@@ -491,7 +491,8 @@ fn check_params(
                 cx.error(p.name.span(), format!("dependency `{name}` is taken twice"));
             }
             Some(i) => taken[i] = true,
-            None if listed.contains(&name) => {} // an unresolved dependency, already reported
+            // An unresolved dependency was already reported; the parameter likely meant it.
+            None if listed.contains(&name) || listed.len() > dep_idents.len() => {}
             None => {
                 let listed = dep_names
                     .iter()

@@ -70,7 +70,7 @@ pub(crate) fn did_you_mean<'a>(
         })
         .min_by_key(|(d, _)| *d);
     match best {
-        Some((d, c)) if d <= (name.chars().count().max(3) / 3).max(1) => {
+        Some((d, c)) if d <= (name.chars().count() / 3).max(2) => {
             format!("; did you mean `{c}`?")
         }
         _ => String::new(),

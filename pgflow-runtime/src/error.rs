@@ -245,10 +245,10 @@ pub struct StepQueueNameError {
 pub enum QueueNameError {
     /// The flow slug cannot fit even `<flow>__0`.
     #[error(transparent)]
-    Flow(#[from] FlowQueueNameError),
+    Flow(Box<FlowQueueNameError>),
     /// One step's readable and fallback names are both too long.
     #[error(transparent)]
-    Step(#[from] StepQueueNameError),
+    Step(Box<StepQueueNameError>),
     /// The flow has no steps, so it cannot be step-queued.
     #[error("Flow \"{flow_slug}\" cannot use per-step queues because it has no steps.")]
     EmptyFlow {

@@ -51,7 +51,7 @@ fn convert(e: shared::ResolveError) -> QueueNameError {
     let (message, detail, hint) = (e.message(), e.detail(), e.hint());
     match e {
         shared::ResolveError::Empty { flow_slug } => QueueNameError::EmptyFlow { flow_slug },
-        shared::ResolveError::Flow(c) => QueueNameError::Flow(FlowQueueNameError {
+        shared::ResolveError::Flow(c) => QueueNameError::Flow(Box::new(FlowQueueNameError {
             readable_len: shared::name_len(&c.readable),
             fallback_len: shared::name_len(&c.fallback),
             flow_slug: c.flow_slug,
@@ -63,8 +63,8 @@ fn convert(e: shared::ResolveError) -> QueueNameError {
             message,
             detail,
             hint,
-        }),
-        shared::ResolveError::Step(c) => QueueNameError::Step(StepQueueNameError {
+        })),
+        shared::ResolveError::Step(c) => QueueNameError::Step(Box::new(StepQueueNameError {
             readable_len: shared::name_len(&c.readable),
             fallback_len: shared::name_len(&c.fallback),
             flow_slug: c.flow_slug,
@@ -76,7 +76,7 @@ fn convert(e: shared::ResolveError) -> QueueNameError {
             message,
             detail,
             hint,
-        }),
+        })),
         shared::ResolveError::Duplicate {
             flow_slug,
             queue,
