@@ -1,0 +1,357 @@
+//! The pgflow SQL core as versioned, checksummed migrations, and the installer that applies them.
+//!
+//! The SQL lives as plain files in `pgflow-sql/migrations/`, applied in file-name order. Each file
+//! applies with `psql -v ON_ERROR_STOP=1 -f FILE` on a database that already has PGMQ; nothing is
+//! templated from Rust. [`install`] first makes sure PGMQ is present, then applies the pending
+//! migrations and records each version and checksum in `pgflow.schema_migrations`.
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), pgflow_sql::InstallError> {
+//! let report = pgflow_sql::install(&pool).await?;
+//! println!("applied {} migration(s)", report.applied.len());
+//! # Ok(()) }
+//! ```
+//!
+//! Teams that apply SQL through their own migration tool can take the complete script from
+//! [`install_script`] (or `cargo run -p pgflow-sql -- script`).
+
+#[cfg(feature = "throwaway")]
+pub mod throwaway;
+
+use sha2::{Digest, Sha256};
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// One embedded migration file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Four-digit version, the file-name prefix (`0001`).
+    pub version: &'static str,
+    /// The topic part of the file name (`pgflow_schema`).
+    pub name: &'static str,
+    /// The SQL text, exactly as in the file.
+    pub sql: &'static str,
+}
+
+impl Migration {
+    /// The SHA-256 of the SQL text, lowercase hex. Recorded when applied; compared on every install.
+    pub fn checksum(&self) -> String {
+        hex::encode(Sha256::digest(self.sql.as_bytes()))
+    }
+
+    /// The file name this migration came from.
+    pub fn file_name(&self) -> String {
+        format!("{}_{}.sql", self.version, self.name)
+    }
+}
+
+/// Every migration of this build, in the order they apply.
+pub const MIGRATIONS: &[Migration] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
+/// The newest migration version this build knows.
+pub fn latest_version() -> &'static str {
+    MIGRATIONS.last().map_or("0000", |m| m.version)
+}
+
+/// Key of the transaction-scoped advisory lock that serialises concurrent installs.
+/// (`hashtext('pgflow-rs install')` would do too; a constant keeps it visible in `pg_locks`.)
+pub const INSTALL_LOCK_KEY: i64 = 0x7067_666c_6f77; // "pgflow"
+
+/// What an install did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InstallReport {
+    /// How PGMQ was found or installed.
+    pub pgmq: PgmqStatus,
+    /// Versions applied by this call, in order. Empty when the schema was already current.
+    pub applied: Vec<String>,
+}
+
+/// How [`install`] found PGMQ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PgmqStatus {
+    /// PGMQ was already installed (as an extension or as plain SQL).
+    #[default]
+    AlreadyPresent,
+    /// `CREATE EXTENSION pgmq` installed it.
+    CreatedExtension,
+    /// PGMQ's own SQL was installed through the `pgmq` crate's embedded installer.
+    InstalledEmbeddedSql,
+}
+
+/// Why an install failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InstallError {
+    /// The database could not be reached or a bookkeeping query failed.
+    #[error("pgflow install: database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// PGMQ's embedded SQL failed to install.
+    #[error("pgflow install: installing PGMQ from the pgmq crate's embedded SQL failed: {0}")]
+    Pgmq(String),
+    /// The connection form cannot install PGMQ from embedded SQL (the pgmq crate needs a pool).
+    #[error(
+        "pgflow install: PGMQ is not installed and the server offers no `pgmq` extension; \
+         call `pgflow_sql::install(&pool)` (which installs PGMQ's SQL itself) or install PGMQ first"
+    )]
+    PgmqMissing,
+    /// The database has migrations this build does not know: it was installed by newer code.
+    #[error(
+        "pgflow install: the database's pgflow schema is newer than this build \
+         (unknown applied migration(s) {unknown:?}; this build knows up to {latest}); \
+         upgrade pgflow-rs instead of running older code against it"
+    )]
+    SchemaNewer {
+        /// Applied versions this build does not have.
+        unknown: Vec<String>,
+        /// The newest version this build has.
+        latest: String,
+    },
+    /// An applied migration's checksum differs from this build's file: someone edited it.
+    #[error(
+        "pgflow install: migration {version} ({name}) was modified after it was applied \
+         (database checksum {applied_checksum}, file checksum {file_checksum}); \
+         applied migrations are immutable: restore the original file and add a new migration instead"
+    )]
+    ModifiedMigration {
+        /// Version of the modified migration.
+        version: String,
+        /// Topic name of the modified migration.
+        name: String,
+        /// Checksum recorded when it was applied.
+        applied_checksum: String,
+        /// Checksum of the file in this build.
+        file_checksum: String,
+    },
+    /// A migration's SQL failed.
+    #[error("pgflow install: migration {file} failed: {source}")]
+    Migration {
+        /// The migration file name.
+        file: String,
+        /// The database error, with MESSAGE / DETAIL / HINT when the server sent them.
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Install or upgrade pgflow (and PGMQ when missing) on the database behind `pool`.
+///
+/// Idempotent, and safe when several processes call it at once.
+///
+/// # Errors
+/// See [`InstallError`]: a database newer than this build, a modified applied migration, a failing
+/// migration, or a database error.
+pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
+    let pgmq = {
+        let mut conn = pool.acquire().await?;
+        ensure_pgmq_extension(&mut conn).await?
+    };
+    let pgmq = match pgmq {
+        Some(status) => status,
+        None => {
+            pgmq::install::install_sql_from_embedded(pool)
+                .await
+                .map_err(|e| InstallError::Pgmq(e.to_string()))?;
+            PgmqStatus::InstalledEmbeddedSql
+        }
+    };
+    let mut conn = pool.acquire().await?;
+    let applied = apply_migrations(&mut conn).await?;
+    Ok(InstallReport { pgmq, applied })
+}
+
+/// Install or upgrade pgflow over one connection, or inside the caller's transaction
+/// (`install_on(&mut *tx)`; the work then commits or rolls back with it).
+///
+/// PGMQ must already be installed or be available as an extension: the `pgmq` crate's embedded
+/// installer only works on a pool, so use [`install`] when PGMQ has to be installed from SQL.
+///
+/// # Errors
+/// As [`install`], plus [`InstallError::PgmqMissing`].
+pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, InstallError> {
+    let pgmq = ensure_pgmq_extension(conn)
+        .await?
+        .ok_or(InstallError::PgmqMissing)?;
+    let applied = apply_migrations(conn).await?;
+    Ok(InstallReport { pgmq, applied })
+}
+
+/// The versions recorded in `pgflow.schema_migrations`, oldest first; empty when pgflow is absent.
+///
+/// # Errors
+/// A database error.
+pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
+    let exists: bool =
+        sqlx::query_scalar("select to_regclass('pgflow.schema_migrations') is not null")
+            .fetch_one(&mut *conn)
+            .await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    Ok(
+        sqlx::query_scalar("select version from pgflow.schema_migrations order by version")
+            .fetch_all(&mut *conn)
+            .await?,
+    )
+}
+
+/// Returns `Some(status)` when PGMQ is present afterwards, `None` when only embedded SQL can help.
+async fn ensure_pgmq_extension(conn: &mut PgConnection) -> Result<Option<PgmqStatus>, InstallError> {
+    if pgmq_present(conn).await? {
+        return Ok(Some(PgmqStatus::AlreadyPresent));
+    }
+    let available: bool =
+        sqlx::query_scalar("select exists (select 1 from pg_available_extensions where name = 'pgmq')")
+            .fetch_one(&mut *conn)
+            .await?;
+    if !available {
+        return Ok(None);
+    }
+    let mut tx = conn.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock($1)")
+        .bind(INSTALL_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("create extension if not exists pgmq")
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(PgmqStatus::CreatedExtension))
+}
+
+async fn pgmq_present(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("select to_regclass('pgmq.meta') is not null")
+        .fetch_one(conn)
+        .await
+}
+
+const CREATE_MIGRATIONS_TABLE: &str = "\
+create schema if not exists pgflow;
+create table if not exists pgflow.schema_migrations (
+  version text primary key,
+  name text not null,
+  checksum text not null,
+  applied_at timestamptz not null default now()
+);";
+
+async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
+    let mut tx = conn.begin().await?;
+    sqlx::query("select pg_advisory_xact_lock($1)")
+        .bind(INSTALL_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(CREATE_MIGRATIONS_TABLE)).await?;
+    let recorded: Vec<(String, String, String)> =
+        sqlx::query_as("select version, name, checksum from pgflow.schema_migrations order by version")
+            .fetch_all(&mut *tx)
+            .await?;
+
+    let unknown: Vec<String> = recorded
+        .iter()
+        .filter(|(version, _, _)| !MIGRATIONS.iter().any(|m| m.version == version))
+        .map(|(version, name, _)| format!("{version}_{name}"))
+        .collect();
+    if !unknown.is_empty() {
+        return Err(InstallError::SchemaNewer {
+            unknown,
+            latest: latest_version().to_owned(),
+        });
+    }
+    for (version, _, applied_checksum) in &recorded {
+        let migration = MIGRATIONS.iter().find(|m| m.version == version).expect("checked above");
+        let file_checksum = migration.checksum();
+        if *applied_checksum != file_checksum {
+            return Err(InstallError::ModifiedMigration {
+                version: version.clone(),
+                name: migration.name.to_owned(),
+                applied_checksum: applied_checksum.clone(),
+                file_checksum,
+            });
+        }
+    }
+
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS {
+        if recorded.iter().any(|(version, _, _)| version == migration.version) {
+            continue;
+        }
+        sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(migration.sql))
+            .await
+            .map_err(|source| InstallError::Migration {
+                file: migration.file_name(),
+                source,
+            })?;
+        sqlx::query("insert into pgflow.schema_migrations (version, name, checksum) values ($1, $2, $3)")
+            .bind(migration.version)
+            .bind(migration.name)
+            .bind(migration.checksum())
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(version = migration.version, name = migration.name, "applied pgflow migration");
+        applied.push(migration.version.to_owned());
+    }
+    tx.commit().await?;
+    Ok(applied)
+}
+
+/// The complete pgflow install script (PGMQ excluded), for teams that apply SQL through their own
+/// migration tool. Apply it with `psql -1 -v ON_ERROR_STOP=1 -f pgflow.sql` on a database that has
+/// PGMQ. It records every version and checksum in `pgflow.schema_migrations`, exactly as [`install`]
+/// does, so a later [`install`] by this or newer code recognises the schema.
+pub fn install_script() -> String {
+    let mut script = String::new();
+    script.push_str(&format!(
+        "-- pgflow-rs SQL core, complete install script (migrations 0001..{}).\n\
+         -- Requires PGMQ in schema pgmq. Apply in one transaction: psql -1 -v ON_ERROR_STOP=1 -f FILE\n\n",
+        latest_version()
+    ));
+    script.push_str(&format!("select pg_advisory_xact_lock({INSTALL_LOCK_KEY});\n"));
+    script.push_str(CREATE_MIGRATIONS_TABLE);
+    script.push_str("\n\n");
+    for migration in MIGRATIONS {
+        script.push_str(&format!("-- ==== {} ====\n", migration.file_name()));
+        script.push_str(migration.sql);
+        if !migration.sql.ends_with('\n') {
+            script.push('\n');
+        }
+        script.push_str(&format!(
+            "insert into pgflow.schema_migrations (version, name, checksum) values ('{}', '{}', '{}');\n\n",
+            migration.version,
+            migration.name,
+            migration.checksum()
+        ));
+    }
+    script
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Install futures must be `Send`, so callers can `tokio::spawn` them.
+    #[allow(dead_code)]
+    fn install_futures_are_send(pool: &'static PgPool, conn: &'static mut PgConnection) {
+        fn is_send<T: Send>(_: T) {}
+        is_send(install(pool));
+        is_send(install_on(conn));
+    }
+
+    #[test]
+    fn migrations_are_ordered_and_uniquely_versioned() {
+        let versions: Vec<_> = MIGRATIONS.iter().map(|m| m.version).collect();
+        let mut sorted = versions.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(versions, sorted);
+        assert_eq!(MIGRATIONS[0].file_name(), "0001_pgflow_schema.sql");
+    }
+
+    #[test]
+    fn the_install_script_records_every_migration() {
+        let script = install_script();
+        for migration in MIGRATIONS {
+            assert!(script.contains(&migration.checksum()));
+            assert!(script.contains(migration.sql));
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Shared helpers for the integration tests: a fresh database per test, and bounded waits.
+//!
+//! Every test that touches the database gets its own database on a real PostgreSQL with real PGMQ
+//! (see [`pgflow_sql::throwaway`]): the server in `DATABASE_URL`, or a throwaway cluster.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+pub use pgflow_sql::throwaway::{Contents, FreshDatabase as TestDb};
+
+/// A fresh database with PGMQ and every pgflow migration installed.
+pub async fn test_db() -> TestDb {
+    db_with(Contents::Pgflow).await
+}
+
+/// A fresh database with the given contents (empty, PGMQ only, or PGMQ and pgflow).
+pub async fn db_with(contents: Contents) -> TestDb {
+    init_tracing();
+    pgflow_sql::throwaway::fresh_database(contents)
+        .await
+        .unwrap_or_else(|e| panic!("cannot provide a test database: {e}"))
+}
+
+/// Polls `check` every 20 ms until it returns true; panics naming `what` after `limit`.
+pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Installs a `tracing` subscriber once (respects `RUST_LOG`, defaults to warnings).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}
