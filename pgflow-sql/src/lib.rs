@@ -196,14 +196,17 @@ pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, In
 }
 
 /// Returns `Some(status)` when PGMQ is present afterwards, `None` when only embedded SQL can help.
-async fn ensure_pgmq_extension(conn: &mut PgConnection) -> Result<Option<PgmqStatus>, InstallError> {
+async fn ensure_pgmq_extension(
+    conn: &mut PgConnection,
+) -> Result<Option<PgmqStatus>, InstallError> {
     if pgmq_present(conn).await? {
         return Ok(Some(PgmqStatus::AlreadyPresent));
     }
-    let available: bool =
-        sqlx::query_scalar("select exists (select 1 from pg_available_extensions where name = 'pgmq')")
-            .fetch_one(&mut *conn)
-            .await?;
+    let available: bool = sqlx::query_scalar(
+        "select exists (select 1 from pg_available_extensions where name = 'pgmq')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     if !available {
         return Ok(None);
     }
@@ -241,10 +244,11 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
         .execute(&mut *tx)
         .await?;
     sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(CREATE_MIGRATIONS_TABLE)).await?;
-    let recorded: Vec<(String, String, String)> =
-        sqlx::query_as("select version, name, checksum from pgflow.schema_migrations order by version")
-            .fetch_all(&mut *tx)
-            .await?;
+    let recorded: Vec<(String, String, String)> = sqlx::query_as(
+        "select version, name, checksum from pgflow.schema_migrations order by version",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
 
     let unknown: Vec<String> = recorded
         .iter()
@@ -258,7 +262,10 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
         });
     }
     for (version, _, applied_checksum) in &recorded {
-        let migration = MIGRATIONS.iter().find(|m| m.version == version).expect("checked above");
+        let migration = MIGRATIONS
+            .iter()
+            .find(|m| m.version == version)
+            .expect("checked above");
         let file_checksum = migration.checksum();
         if *applied_checksum != file_checksum {
             return Err(InstallError::ModifiedMigration {
@@ -272,7 +279,10 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
 
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        if recorded.iter().any(|(version, _, _)| version == migration.version) {
+        if recorded
+            .iter()
+            .any(|(version, _, _)| version == migration.version)
+        {
             continue;
         }
         sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(migration.sql))
@@ -281,13 +291,19 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
                 file: migration.file_name(),
                 source,
             })?;
-        sqlx::query("insert into pgflow.schema_migrations (version, name, checksum) values ($1, $2, $3)")
-            .bind(migration.version)
-            .bind(migration.name)
-            .bind(migration.checksum())
-            .execute(&mut *tx)
-            .await?;
-        tracing::info!(version = migration.version, name = migration.name, "applied pgflow migration");
+        sqlx::query(
+            "insert into pgflow.schema_migrations (version, name, checksum) values ($1, $2, $3)",
+        )
+        .bind(migration.version)
+        .bind(migration.name)
+        .bind(migration.checksum())
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied pgflow migration"
+        );
         applied.push(migration.version.to_owned());
     }
     tx.commit().await?;
@@ -305,7 +321,9 @@ pub fn install_script() -> String {
          -- Requires PGMQ in schema pgmq. Apply in one transaction: psql -1 -v ON_ERROR_STOP=1 -f FILE\n\n",
         latest_version()
     ));
-    script.push_str(&format!("select pg_advisory_xact_lock({INSTALL_LOCK_KEY});\n"));
+    script.push_str(&format!(
+        "select pg_advisory_xact_lock({INSTALL_LOCK_KEY});\n"
+    ));
     script.push_str(CREATE_MIGRATIONS_TABLE);
     script.push_str("\n\n");
     for migration in MIGRATIONS {

@@ -106,7 +106,16 @@ impl TempPostgres {
 
         let mut initdb = Command::new(bin.join("initdb"));
         initdb
-            .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .arg("-D")
             .arg(&data)
             .current_dir(&root);
@@ -158,7 +167,9 @@ impl TempPostgres {
                 ]);
             }
             as_user(&mut postgres, run_as);
-            let child = postgres.spawn().map_err(|e| setup_err("start postgres", e))?;
+            let child = postgres
+                .spawn()
+                .map_err(|e| setup_err("start postgres", e))?;
             *me.server.lock().unwrap() = Some(child);
             me.port = port;
             match me.wait_ready(Duration::from_secs(30)).await {
@@ -189,7 +200,9 @@ impl TempPostgres {
                 .as_mut()
                 .is_none_or(|c| c.try_wait().ok().flatten().is_some());
             if exited || Instant::now() > deadline {
-                return Err(std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default());
+                return Err(
+                    std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -247,7 +260,10 @@ fn find_binaries() -> Result<PathBuf, ThrowawayError> {
         })
         .collect();
     versions.sort();
-    versions.pop().map(|(_, bin)| bin).ok_or(ThrowawayError::NoBinaries)
+    versions
+        .pop()
+        .map(|(_, bin)| bin)
+        .ok_or(ThrowawayError::NoBinaries)
 }
 
 /// When running as root: the uid and gid to run PostgreSQL as (`postgres`, else `nobody`).
@@ -309,7 +325,9 @@ rm -rf "$PGFLOW_ROOT"
         .map_err(|e| setup_err("start the cleanup process", e))?;
     let mut stdin = child.stdin.take().expect("piped stdin");
     // Prove the pipe works before relying on it.
-    stdin.write_all(b"\n").map_err(|e| setup_err("start the cleanup process", e))?;
+    stdin
+        .write_all(b"\n")
+        .map_err(|e| setup_err("start the cleanup process", e))?;
     Ok((child, stdin))
 }
 
@@ -442,14 +460,18 @@ impl Drop for FreshDatabase {
         // cannot be closed gracefully here: a thread with its own runtime drops the database with
         // FORCE, which ends those connections on the server side.
         let handle = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
                 return;
             };
             rt.block_on(async move {
                 if let Ok(mut conn) = PgConnection::connect_with(&admin).await {
-                    let _ = sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
-                        .execute(&mut conn)
-                        .await;
+                    let _ =
+                        sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
+                            .execute(&mut conn)
+                            .await;
                     let _ = conn.close().await;
                 }
             });
@@ -500,12 +522,16 @@ async fn create_from_template(
     // "source database is being accessed by other users"; such clashes are brief, so retry.
     let mut delay = Duration::from_millis(20);
     for attempt in 0.. {
-        let result = sqlx::query(&format!("create database \"{name}\" template \"{template}\""))
-            .execute(&mut *admin)
-            .await;
+        let result = sqlx::query(&format!(
+            "create database \"{name}\" template \"{template}\""
+        ))
+        .execute(&mut *admin)
+        .await;
         match result {
             Ok(_) => return Ok(()),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && attempt < 50 => {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("55006") && attempt < 50 =>
+            {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_millis(500));
             }
@@ -545,9 +571,11 @@ async fn ensure_template(
             return Ok(());
         }
         // A half-built template from a crashed builder is not marked as a template: rebuild it.
-        sqlx::query(&format!("drop database if exists \"{template}\" with (force)"))
-            .execute(&mut *admin)
-            .await?;
+        sqlx::query(&format!(
+            "drop database if exists \"{template}\" with (force)"
+        ))
+        .execute(&mut *admin)
+        .await?;
         sqlx::query(&format!("create database \"{template}\""))
             .execute(&mut *admin)
             .await?;
@@ -561,9 +589,11 @@ async fn ensure_template(
         };
         pool.close().await;
         installed?;
-        sqlx::query(&format!("alter database \"{template}\" with is_template true"))
-            .execute(&mut *admin)
-            .await?;
+        sqlx::query(&format!(
+            "alter database \"{template}\" with is_template true"
+        ))
+        .execute(&mut *admin)
+        .await?;
         Ok::<(), ThrowawayError>(())
     }
     .await;
@@ -575,12 +605,15 @@ async fn ensure_template(
 }
 
 async fn install_pgmq_only(pool: &PgPool) -> Result<(), crate::InstallError> {
-    let available: bool =
-        sqlx::query_scalar("select exists (select 1 from pg_available_extensions where name = 'pgmq')")
-            .fetch_one(pool)
-            .await?;
+    let available: bool = sqlx::query_scalar(
+        "select exists (select 1 from pg_available_extensions where name = 'pgmq')",
+    )
+    .fetch_one(pool)
+    .await?;
     if available {
-        sqlx::query("create extension if not exists pgmq").execute(pool).await?;
+        sqlx::query("create extension if not exists pgmq")
+            .execute(pool)
+            .await?;
     } else {
         pgmq::install::install_sql_from_embedded(pool)
             .await
@@ -590,8 +623,10 @@ async fn install_pgmq_only(pool: &PgPool) -> Result<(), crate::InstallError> {
 }
 
 async fn template_ready(admin: &mut PgConnection, template: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("select exists (select 1 from pg_database where datname = $1 and datistemplate)")
-        .bind(template)
-        .fetch_one(admin)
-        .await
+    sqlx::query_scalar(
+        "select exists (select 1 from pg_database where datname = $1 and datistemplate)",
+    )
+    .bind(template)
+    .fetch_one(admin)
+    .await
 }

@@ -19,13 +19,21 @@ async fn applied(pool: &PgPool) -> Vec<String> {
 async fn installing_twice_is_a_no_op_the_second_time() {
     let db = db_with(Contents::Empty).await;
     let first = pgflow_sql::install(db.pool()).await.unwrap();
-    assert_ne!(first.pgmq, PgmqStatus::AlreadyPresent, "an empty database has no PGMQ yet");
+    assert_ne!(
+        first.pgmq,
+        PgmqStatus::AlreadyPresent,
+        "an empty database has no PGMQ yet"
+    );
     assert_eq!(first.applied, all_versions());
 
     let before = schema_fingerprint(db.pool()).await;
     let second = pgflow_sql::install(db.pool()).await.unwrap();
     assert_eq!(second.pgmq, PgmqStatus::AlreadyPresent);
-    assert!(second.applied.is_empty(), "second install applied {:?}", second.applied);
+    assert!(
+        second.applied.is_empty(),
+        "second install applied {:?}",
+        second.applied
+    );
     assert_eq!(schema_fingerprint(db.pool()).await, before);
     assert_eq!(applied(db.pool()).await, all_versions());
 }
@@ -65,11 +73,15 @@ async fn pgmq_works_after_install() {
     let db = db_with(Contents::Empty).await;
     pgflow_sql::install(db.pool()).await.unwrap();
     let pool = db.pool();
-    sqlx::query("select pgmq.create('install_probe')").execute(pool).await.unwrap();
-    let id: i64 = sqlx::query_scalar("select * from pgmq.send('install_probe', '{\"hello\": 1}'::jsonb)")
-        .fetch_one(pool)
+    sqlx::query("select pgmq.create('install_probe')")
+        .execute(pool)
         .await
         .unwrap();
+    let id: i64 =
+        sqlx::query_scalar("select * from pgmq.send('install_probe', '{\"hello\": 1}'::jsonb)")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     let (read_id, body): (i64, serde_json::Value) =
         sqlx::query_as("select msg_id, message from pgmq.read('install_probe', 30, 1)")
             .fetch_one(pool)
@@ -83,11 +95,12 @@ async fn pgmq_works_after_install() {
         .await
         .unwrap();
     assert!(archived);
-    let in_archive: i64 = sqlx::query_scalar("select count(*) from pgmq.a_install_probe where msg_id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let in_archive: i64 =
+        sqlx::query_scalar("select count(*) from pgmq.a_install_probe where msg_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(in_archive, 1);
 }
 
@@ -100,7 +113,12 @@ async fn a_modified_applied_migration_is_refused_with_a_clear_error() {
         .unwrap();
     let err = pgflow_sql::install(db.pool()).await.unwrap_err();
     match &err {
-        InstallError::ModifiedMigration { version, applied_checksum, file_checksum, .. } => {
+        InstallError::ModifiedMigration {
+            version,
+            applied_checksum,
+            file_checksum,
+            ..
+        } => {
             assert_eq!(version, "0001");
             assert_eq!(applied_checksum, "edited");
             assert_eq!(*file_checksum, MIGRATIONS[0].checksum());
@@ -109,7 +127,10 @@ async fn a_modified_applied_migration_is_refused_with_a_clear_error() {
     }
     let message = err.to_string();
     assert!(message.contains("migration 0001"), "{message}");
-    assert!(message.contains("was modified after it was applied"), "{message}");
+    assert!(
+        message.contains("was modified after it was applied"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -138,21 +159,23 @@ async fn install_inside_a_rolled_back_transaction_leaves_nothing_behind() {
     assert_eq!(report.applied, all_versions());
     tx.rollback().await.unwrap();
     assert!(applied(db.pool()).await.is_empty());
-    let schema: bool = sqlx::query_scalar("select exists (select 1 from pg_namespace where nspname = 'pgflow')")
-        .fetch_one(db.pool())
-        .await
-        .unwrap();
+    let schema: bool =
+        sqlx::query_scalar("select exists (select 1 from pg_namespace where nspname = 'pgflow')")
+            .fetch_one(db.pool())
+            .await
+            .unwrap();
     assert!(!schema);
 }
 
 #[tokio::test]
 async fn the_connection_form_asks_for_pgmq_when_it_cannot_install_it() {
     let db = db_with(Contents::Empty).await;
-    let offers_extension: bool =
-        sqlx::query_scalar("select exists (select 1 from pg_available_extensions where name = 'pgmq')")
-            .fetch_one(db.pool())
-            .await
-            .unwrap();
+    let offers_extension: bool = sqlx::query_scalar(
+        "select exists (select 1 from pg_available_extensions where name = 'pgmq')",
+    )
+    .fetch_one(db.pool())
+    .await
+    .unwrap();
     let mut conn = db.pool().acquire().await.unwrap();
     let result = pgflow_sql::install_on(&mut conn).await;
     if offers_extension {
@@ -160,13 +183,20 @@ async fn the_connection_form_asks_for_pgmq_when_it_cannot_install_it() {
     } else {
         let err = result.unwrap_err();
         assert!(matches!(err, InstallError::PgmqMissing), "{err:?}");
-        assert!(err.to_string().contains("pgflow_sql::install(&pool)"), "{err}");
+        assert!(
+            err.to_string().contains("pgflow_sql::install(&pool)"),
+            "{err}"
+        );
     }
 }
 
 fn psql() -> String {
     for candidate in ["psql", "/usr/bin/psql"] {
-        if Command::new(candidate).arg("--version").output().is_ok_and(|o| o.status.success()) {
+        if Command::new(candidate)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
             return candidate.to_owned();
         }
     }
@@ -177,14 +207,20 @@ fn psql() -> String {
         .map(|e| e.path().join("bin/psql"))
         .filter(|p| p.is_file())
         .max();
-    newest
-        .map(|p| p.display().to_string())
-        .expect("psql not found; install it (Debian/Ubuntu: `apt-get install -y postgresql-client`)")
+    newest.map(|p| p.display().to_string()).expect(
+        "psql not found; install it (Debian/Ubuntu: `apt-get install -y postgresql-client`)",
+    )
 }
 
 fn run_psql(db: &TestDb, args: &[&str], stdin_file: Option<&std::path::Path>) {
     let mut command = Command::new(psql());
-    command.arg("-X").arg("-q").args(["-v", "ON_ERROR_STOP=1"]).arg("-d").arg(db.url()).args(args);
+    command
+        .arg("-X")
+        .arg("-q")
+        .args(["-v", "ON_ERROR_STOP=1"])
+        .arg("-d")
+        .arg(db.url())
+        .args(args);
     if let Some(file) = stdin_file {
         command.arg("-f").arg(file);
     }
@@ -238,7 +274,11 @@ async fn the_printed_install_script_applied_with_psql_gives_the_same_schema_as_i
     assert!(expected.len() > 3, "the fingerprint covers the schema");
     assert_eq!(schema_fingerprint(by_script.pool()).await, expected);
     // install() recognises a script-installed database as current.
-    assert!(pgflow_sql::install(by_script.pool()).await.unwrap().applied.is_empty());
+    assert!(pgflow_sql::install(by_script.pool())
+        .await
+        .unwrap()
+        .applied
+        .is_empty());
 }
 
 /// Every object of schema `pgflow`, described by its catalog definition, plus the recorded migrations.

@@ -44,14 +44,22 @@ async fn run(command: &str) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot connect to DATABASE_URL: {e}"))?;
     if command == "install" {
-        let report = pgflow_sql::install(&pool).await.map_err(|e| e.to_string())?;
-        println!("PGMQ: {:?}; applied migrations: {:?}", report.pgmq, report.applied);
+        let report = pgflow_sql::install(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!(
+            "PGMQ: {:?}; applied migrations: {:?}",
+            report.pgmq, report.applied
+        );
     } else {
         let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
         let applied = pgflow_sql::applied_versions(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        println!("applied: {applied:?}; this build knows up to {}", pgflow_sql::latest_version());
+        println!(
+            "applied: {applied:?}; this build knows up to {}",
+            pgflow_sql::latest_version()
+        );
     }
     Ok(())
 }

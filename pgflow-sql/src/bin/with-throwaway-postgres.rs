@@ -25,7 +25,10 @@ async fn main() -> ExitCode {
         _ => match TempPostgres::start(Durability::Fast).await {
             Ok(cluster) => {
                 command.env("DATABASE_URL", cluster.url("postgres"));
-                eprintln!("with-throwaway-postgres: throwaway PostgreSQL on 127.0.0.1:{}", cluster.port());
+                eprintln!(
+                    "with-throwaway-postgres: throwaway PostgreSQL on 127.0.0.1:{}",
+                    cluster.port()
+                );
                 Some(cluster)
             }
             Err(e) => {
