@@ -1,0 +1,145 @@
+//! Hot paths stay O(batch): claiming and completing do not scan the history of finished work.
+
+use crate::support::*;
+use pgflow_tests::test_db;
+use serde_json::{json, Value};
+
+/// Relations read by a sequential scan anywhere in an `EXPLAIN (FORMAT JSON)` plan.
+fn seq_scanned(plan: &Value, out: &mut Vec<String>) {
+    match plan {
+        Value::Object(map) => {
+            if map.get("Node Type") == Some(&json!("Seq Scan")) {
+                out.push(
+                    map.get("Relation Name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_string(),
+                );
+            }
+            map.values().for_each(|v| seq_scanned(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| seq_scanned(v, out)),
+        _ => {}
+    }
+}
+
+async fn seq_scans(pool: &sqlx::PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "select relname::text, seq_scan from pg_stat_user_tables
+          where schemaname = 'pgflow' and relname in ('runs', 'step_states', 'step_tasks') order by relname",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn flush_stats(conn: &mut sqlx::PgConnection) {
+    sqlx::query("select pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select 1").execute(&mut *conn).await.unwrap();
+}
+
+#[tokio::test]
+async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('hot');
+         select pgflow.add_step('hot', 'a');
+         select pgflow.add_step('hot', 'b', array['a']);
+         insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
+           select md5('r' || i)::uuid, 'hot', 'completed', '{}', 0, now() - interval '1 day', now() - interval '1 day'
+           from generate_series(1, 100000) i;
+         insert into pgflow.step_states (flow_slug, run_id, step_slug, status, initial_tasks, remaining_tasks, remaining_deps,
+                                         created_at, started_at, completed_at)
+           select 'hot', md5('r' || i)::uuid, 'a', 'completed', 1, 0, 0,
+                  now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+           from generate_series(1, 100000) i;
+         insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, status,
+                                        attempts_count, output, queued_at, started_at, completed_at)
+           select 'hot', md5('r' || i)::uuid, 'a', 0, -i, 'hot', 'completed', 1, '1',
+                  now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+           from generate_series(1, 100000) i;
+         analyze pgflow.runs; analyze pgflow.step_states; analyze pgflow.step_tasks;",
+    )
+    .await;
+
+    let run = start(pool, "hot", json!({})).await;
+    register_worker(pool).await;
+    let ids = read(pool, "hot", 10).await;
+
+    // The claim statement of start_tasks, as the function runs it.
+    let plan: Value = sqlx::query_scalar(
+        "explain (format json)
+         update pgflow.step_tasks t
+            set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(), last_worker_id = $2
+           from pgflow.runs r, pgflow.step_states ss
+          where t.queue_name = 'hot' and t.message_id = any ($1) and t.flow_slug = 'hot' and t.status = 'queued'
+            and r.run_id = t.run_id and r.status = 'started'
+            and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'",
+    )
+    .bind(&ids)
+    .bind(WORKER)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let mut scanned = Vec::new();
+    seq_scanned(&plan, &mut scanned);
+    assert!(scanned.is_empty(), "claim plan scans {scanned:?}: {plan}");
+
+    // The completion statements, as complete_task runs them.
+    for sql in [
+        "explain (format json) update pgflow.step_tasks t set status = 'completed', completed_at = now(), output = '1'
+          where t.run_id = $1 and t.step_slug = 'a' and t.task_index = 0 and t.status = 'started'",
+        "explain (format json) select jsonb_agg(t.output order by t.task_index) from pgflow.step_tasks t
+          where t.run_id = $1 and t.step_slug = 'a'",
+        "explain (format json) update pgflow.step_tasks t set status = 'cancelled'
+          where t.run_id = $1 and t.status in ('queued', 'started')",
+    ] {
+        let plan: Value = sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap();
+        let mut scanned = Vec::new();
+        seq_scanned(&plan, &mut scanned);
+        assert!(scanned.is_empty(), "{sql} scans {scanned:?}");
+    }
+
+    // And the real functions: no sequential scan of runs, step_states or step_tasks while a run goes
+    // through claim, complete, claim, complete.
+    let mut conn = pool.acquire().await.unwrap();
+    flush_stats(&mut conn).await;
+    let before = seq_scans(pool).await;
+    let claimed: Vec<(String,)> =
+        sqlx::query_as("select step_slug from pgflow.start_tasks('hot', $1, $2)")
+            .bind(&ids)
+            .bind(WORKER)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(claimed.len(), 1);
+    sqlx::query("select pgflow.complete_task($1, 'a', 0, '{\"x\": 1}')")
+        .bind(run)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let b_ids: Vec<i64> = sqlx::query_scalar("select msg_id from pgmq.read('hot', 30, 10)")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select * from pgflow.start_tasks('hot', $1, $2)")
+        .bind(&b_ids)
+        .bind(WORKER)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.complete_task($1, 'b', 0, '2')")
+        .bind(run)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    flush_stats(&mut conn).await;
+    let after = seq_scans(pool).await;
+    assert_eq!(before, after, "sequential scans during claim/complete");
+    assert_eq!(run_status(pool, run).await, "completed");
+}

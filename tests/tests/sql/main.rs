@@ -1,0 +1,14 @@
+//! SQL core integration tests: the pgflow schema's functions against real PostgreSQL and real PGMQ.
+//!
+//! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
+
+mod compile;
+mod conditions;
+mod events;
+mod flow_shapes;
+mod hardening;
+mod hot_paths;
+mod maintenance;
+mod queue_identity;
+mod retries;
+mod support;
