@@ -347,11 +347,16 @@ fn call_args(h: &Handler) -> Vec<TokenStream> {
         .iter()
         .enumerate()
         .map(|(i, prm)| {
-            let name = if prm.is_ctx {
-                format_ident!("ctx")
-            } else {
-                local(i)
-            };
+            if prm.is_ctx {
+                // Spanned at the user's type so a wrong flow in `StepContext<..>` points there.
+                let span = prm.ty.span();
+                return if prm.by_ref {
+                    quote_spanned!(span=> &ctx)
+                } else {
+                    quote_spanned!(span=> ctx)
+                };
+            }
+            let name = local(i);
             if prm.by_ref {
                 quote!(&#name)
             } else {
@@ -415,7 +420,7 @@ fn dispatch_arm(
     };
     let args = call_args(h);
     let convert = match &h.error {
-        Some(e) => quote_spanned!(e.span()=> #p::into_step_error),
+        Some(e) => quote_spanned!(e.span()=> #p::into_step_error::<#e>),
         None => quote!(#p::into_step_error),
     };
     let encode = match &h.output {
@@ -427,7 +432,10 @@ fn dispatch_arm(
             let fut: #p::BoxFuture<'static, #p::Result<#p::serde_json::Value, #p::StepError>> =
                 #p::Box::pin(async move {
                     #(#decode)*
-                    let __pgflow_output = #f(#(#args),*).await.map_err(#convert)?;
+                    let __pgflow_output = match #f(#(#args),*).await {
+                        #p::Result::Ok(v) => v,
+                        #p::Result::Err(e) => return #p::Result::Err(#convert(e)),
+                    };
                     #encode(#flow_slug, #step_slug, &__pgflow_output)
                 });
             fut
@@ -450,7 +458,6 @@ fn type_checks(
         let span = ty.span();
         let alias = Ident::new(&format!("__pgflow_expected_{index}_{n}"), span);
         if prm.is_ctx {
-            out.push(quote_spanned!(span=> #p::assert_context_param::<#flow, #ty>();));
             continue;
         }
         match (s.kind, s.map_from) {

@@ -123,3 +123,6 @@ pub fn step(_args: TokenStream, item: TokenStream) -> TokenStream {
     .to_compile_error();
     quote!(#e #item).into()
 }
+
+#[cfg(test)]
+mod tests;

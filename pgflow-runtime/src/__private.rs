@@ -127,7 +127,7 @@ pub fn encode_output<T: StepOutput>(
 
 /// Converts a handler's error.
 pub fn into_step_error<E: HandlerError>(e: E) -> StepError {
-    e.into()
+    e.into_step_error()
 }
 
 /// Parses a shape embedded by the macro.
@@ -207,8 +207,15 @@ impl<T: DeserializeOwned + Send + 'static> StepParam for T {}
     label = "needs `Into<StepError>`",
     note = "return `Result<T, StepError>`, or map the error with `StepError::retryable` / `StepError::terminal`"
 )]
-pub trait HandlerError: Into<StepError> {}
-impl<E: Into<StepError>> HandlerError for E {}
+pub trait HandlerError {
+    /// Converts the handler's error.
+    fn into_step_error(self) -> StepError;
+}
+impl<E: Into<StepError>> HandlerError for E {
+    fn into_step_error(self) -> StepError {
+        self.into()
+    }
+}
 
 /// The context parameter belongs to this flow.
 #[diagnostic::on_unimplemented(

@@ -3,6 +3,51 @@
 //! Define a flow with [`#[flow]`](macro@flow) on an inline module; the macro generates the flow
 //! type (implementing [`Flow`]), the step enum (implementing [`FlowStep`]), the shape and the
 //! dispatch code. [`StepQueued`] deploys a flow with one queue per step.
+//!
+//! ```
+//! use pgflow_runtime::{flow, Flow, FlowStep, StepContext, StepError, StepQueued};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Thread { pub id: i64, pub text: String }
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Classification { pub route: String }
+//!
+//! #[flow(slug = "communityThreadsV1", input = Thread, max_attempts = 3, timeout = 60)]
+//! pub mod community {
+//!     use super::*;
+//!
+//!     /// Root step: takes the flow input.
+//!     #[step]
+//!     async fn classify(thread: Thread) -> Result<Classification, StepError> {
+//!         let route = if thread.text.contains('?') { "help" } else { "chat" };
+//!         Ok(Classification { route: route.into() })
+//!     }
+//!
+//!     /// Runs only for help threads; takes its dependency by name.
+//!     #[step(depends_on = [classify], slug = "deliverSlack",
+//!            if = { classify: { route: "help" } }, when_unmet = skip_cascade)]
+//!     async fn deliver_slack(
+//!         classify: Classification,
+//!         ctx: &StepContext<Community>,
+//!     ) -> Result<(), StepError> {
+//!         let _ = (classify.route, ctx.run_id());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // The flow module must sit at module level (not inside a function) so `use super::*` sees
+//! // the types; hence the explicit `main` in this example.
+//! fn main() {
+//!     use community::{Community, Step};
+//!     assert_eq!(Community::SLUG, "communityThreadsV1");
+//!     assert_eq!(Step::DeliverSlack.slug(), "deliverSlack");
+//!     assert_eq!(Community::shape()["steps"][1]["whenUnmet"], "skip-cascade");
+//!     let spec = StepQueued::<Community>::worker(Step::Classify);
+//!     assert_eq!(spec.queue(), "communitythreadsv1__classify");
+//! }
+//! ```
 
 pub use pgflow_sql as sql;
 
