@@ -293,6 +293,9 @@ begin
     select distinct q from (
       select s.queue_name as q from pgflow.steps s where s.flow_slug = p_flow_slug
       union all
+      select t.queue_name from pgflow.step_tasks t join pgflow.runs r on r.run_id = t.run_id
+      where r.flow_slug = p_flow_slug
+      union all
       select lower(f.flow_slug) from pgflow.flows f where f.flow_slug = p_flow_slug
     ) x
   loop
