@@ -11,7 +11,10 @@
 --     {"event_type": ..., "event": ..., "run_id": ..., "step_slug": ... (step events), "status": ...}
 --     without inputs or outputs (NOTIFY payloads are limited to 8000 bytes); read outputs from the tables.
 --     Notifications are delivered on commit, in emission order.
---   * Setting `pgflow.notify` controls the pg_notify path: 'all' (default), 'run' (only run:* events) or 'off'.
+--   * Setting `pgflow.notify` controls the pg_notify path: 'run' (default: only run:* events), 'all' (run and
+--     step events) or 'off'. The default keeps NOTIFY off the per-task hot path: a transaction that notifies
+--     takes a cluster-wide lock while it commits, which serialises those commits. Set it per database
+--     (`ALTER DATABASE ... SET pgflow.notify = 'all'`), role or session to watch step events.
 create function pgflow._emit(event text, run_id uuid, payload jsonb)
 returns void
 language plpgsql
@@ -26,7 +29,7 @@ begin
     return;
   end if;
 
-  v_mode := coalesce(nullif(current_setting('pgflow.notify', true), ''), 'all');
+  v_mode := coalesce(nullif(current_setting('pgflow.notify', true), ''), 'run');
   if v_mode = 'off' or (v_mode = 'run' and left(event, 4) <> 'run:') then
     return;
   end if;

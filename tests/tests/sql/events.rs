@@ -8,6 +8,25 @@ use serde_json::{json, Value};
 use sqlx::postgres::PgListener;
 use uuid::Uuid;
 
+/// Collects `count` notifications, checking each is a compact payload of `run`.
+async fn collect(listener: &mut PgListener, run: Uuid, count: usize) -> Vec<String> {
+    let mut events = Vec::new();
+    while events.len() < count {
+        let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("an event within 10 s")
+            .unwrap();
+        let payload: Value = serde_json::from_str(note.payload()).unwrap();
+        assert_eq!(payload["run_id"], json!(run.to_string()));
+        assert!(
+            payload.get("output").is_none(),
+            "outputs are not sent through NOTIFY"
+        );
+        events.push(payload["event"].as_str().unwrap().to_string());
+    }
+    events
+}
+
 #[tokio::test]
 async fn run_events_arrive_on_the_run_channel_without_supabase() {
     let db = test_db().await;
@@ -35,22 +54,58 @@ async fn run_events_arrive_on_the_run_channel_without_supabase() {
     claim(pool, "noisy", "noisy", 1).await;
     complete(pool, run, "a", 0, json!({"big": "x".repeat(20_000)})).await;
 
-    let mut events = Vec::new();
-    while events.len() < 4 {
-        let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-            .await
-            .expect("an event within 10 s")
-            .unwrap();
-        let payload: Value = serde_json::from_str(note.payload()).unwrap();
-        assert_eq!(payload["run_id"], json!(run.to_string()));
-        assert!(
-            payload.get("output").is_none(),
-            "outputs are not sent through NOTIFY"
-        );
-        events.push(payload["event"].as_str().unwrap().to_string());
-    }
     assert_eq!(
-        events,
+        collect(&mut listener, run, 2).await,
+        ["run:started", "run:completed"]
+    );
+}
+
+#[tokio::test]
+async fn step_events_are_notified_too_when_pgflow_notify_is_all() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('chatty'); select pgflow.add_step('chatty', 'a');",
+    )
+    .await;
+    register_worker(pool).await;
+    let run = Uuid::new_v4();
+    let channel: String = sqlx::query_scalar("select pgflow.run_channel($1)")
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("set pgflow.notify = 'all'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.start_flow('chatty', '{}', $1)")
+        .bind(run)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select * from pgflow.start_tasks('chatty', array(select msg_id from pgmq.read('chatty', 30, 1)), $1)")
+        .bind(WORKER)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.complete_task($1, 'a', 0, '1')")
+        .bind(run)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("reset pgflow.notify")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+
+    assert_eq!(
+        collect(&mut listener, run, 4).await,
         [
             "run:started",
             "step:a:started",

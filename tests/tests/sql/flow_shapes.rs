@@ -344,3 +344,99 @@ async fn start_flow_with_states_returns_the_run_and_all_step_states() {
             .unwrap();
     assert_eq!(unknown, None);
 }
+
+#[tokio::test]
+async fn a_chain_of_fifty_empty_maps_exceeds_the_cascade_safety_limit() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let mut sql = String::from(
+        "select pgflow.create_flow('deep'); select pgflow.add_step('deep', 'm0', step_type => 'map');",
+    );
+    for i in 1..50 {
+        sql.push_str(&format!(
+            "select pgflow.add_step('deep', 'm{i}', array['m{}'], step_type => 'map');",
+            i - 1
+        ));
+    }
+    exec(pool, &sql).await;
+    let err = exec_err(pool, "select pgflow.start_flow('deep', '[]')").await;
+    assert_eq!(err, "Cascade loop exceeded safety limit of 50 iterations");
+    let runs: i64 = sqlx::query_scalar("select count(*) from pgflow.runs")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 0, "start_flow rolled back");
+
+    // One map fewer completes inside start_flow.
+    exec(pool, "select pgflow.delete_flow_and_data('deep')").await;
+    let mut sql = String::from(
+        "select pgflow.create_flow('deep'); select pgflow.add_step('deep', 'm0', step_type => 'map');",
+    );
+    for i in 1..49 {
+        sql.push_str(&format!(
+            "select pgflow.add_step('deep', 'm{i}', array['m{}'], step_type => 'map');",
+            i - 1
+        ));
+    }
+    exec(pool, &sql).await;
+    let run = start(pool, "deep", json!([])).await;
+    assert_eq!(run_status(pool, run).await, "completed");
+}
+
+#[tokio::test]
+async fn run_functions_called_directly_leave_terminal_runs_alone() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('direct', max_attempts => 1);
+         select pgflow.add_step('direct', 'a');
+         select pgflow.add_step('direct', 'b');",
+    )
+    .await;
+    let run = start(pool, "direct", json!({})).await;
+    claim(pool, "direct", "direct", 1).await;
+    fail(pool, run, "a", 0, "boom").await;
+    exec(
+        pool,
+        &format!(
+            "select pgflow.start_ready_steps('{run}');
+             select pgflow.maybe_complete_run('{run}');
+             select pgflow.cascade_complete_taskless_steps('{run}');"
+        ),
+    )
+    .await;
+    let resolved: bool = sqlx::query_scalar("select pgflow.cascade_resolve_conditions($1)")
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(!resolved, "a failed run cannot continue");
+    assert_eq!(run_status(pool, run).await, "failed");
+    assert_eq!(active_tasks(pool, run).await, 0);
+}
+
+#[tokio::test]
+async fn archive_task_message_archives_only_that_task_message() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('arch'); select pgflow.add_step('arch', 'each', step_type => 'map');",
+    )
+    .await;
+    let run = start(pool, "arch", json!([1, 2])).await;
+    exec(
+        pool,
+        &format!("select pgflow._archive_task_message(p_run_id => '{run}', p_step_slug => 'each', p_task_index => 1)"),
+    )
+    .await;
+    let archived: Vec<i32> = sqlx::query_scalar(
+        "select t.task_index from pgmq.a_arch a join pgflow.step_tasks t on t.message_id = a.msg_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(archived, [1]);
+    assert_eq!(live_messages(pool, "arch").await, 1);
+}

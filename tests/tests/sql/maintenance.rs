@@ -334,3 +334,17 @@ async fn deprecated_poll_for_tasks_returns_nothing() {
         .unwrap();
     assert_eq!(n, 0);
 }
+
+#[tokio::test]
+async fn scheduling_stalled_recovery_with_cron_explains_that_pg_cron_is_missing() {
+    let db = test_db().await;
+    let err = exec_err(
+        db.pool(),
+        "select pgflow.setup_requeue_stalled_tasks_cron('15 seconds')",
+    )
+    .await;
+    assert_eq!(
+        err,
+        "setup_requeue_stalled_tasks_cron(): pg_cron is not installed"
+    );
+}
