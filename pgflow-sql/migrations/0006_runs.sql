@@ -57,11 +57,22 @@ as $$
 declare
   v_count int;
 begin
-  with changed as (
-    update pgflow.step_tasks t
-    set status = p_status
+  -- Lock in (queue_name, message_id) order, like start_tasks, so a claim and a cancellation of tasks of
+  -- one run cannot deadlock.
+  with victims as (
+    select t.run_id, t.step_slug, t.task_index
+    from pgflow.step_tasks t
     where t.run_id = p_run_id
       and (p_step_slugs is null or t.step_slug = any (p_step_slugs))
+      and t.status in ('queued', 'started')
+    order by t.queue_name, t.message_id
+    for update
+  ),
+  changed as (
+    update pgflow.step_tasks t
+    set status = p_status
+    from victims v
+    where t.run_id = v.run_id and t.step_slug = v.step_slug and t.task_index = v.task_index
       and t.status in ('queued', 'started')
     returning t.queue_name, t.message_id
   ),

@@ -14,8 +14,9 @@
 --
 -- * Only tasks that are `queued`, of a started run and a started step are claimed; other messages are ignored
 --   (a started task's message seen again, or a terminal task's, is not an error).
--- * The claim is one guarded UPDATE; rows come from its RETURNING, so of two overlapping claims of one message
---   exactly one returns the task (the other blocks on the row, re-checks `status = 'queued'` and skips it).
+-- * The claim locks the task rows, then runs one guarded UPDATE; rows come from its RETURNING, so of two
+--   overlapping claims of one message exactly one returns the task (the other blocks on the row, re-checks
+--   `status = 'queued'` and skips it).
 -- * Before returning, every claimed message gets visibility = effective step timeout + claim buffer
 --   (pgflow._claim_visibility_buffer_seconds()). If any claimed message could not be updated, the whole claim
 --   fails with `start_tasks(): visibility updated N of M claimed messages` and nothing is claimed.
@@ -40,16 +41,26 @@ begin
     return;
   end if;
 
-  with claimed as (
+  -- Task rows are locked in (queue_name, message_id) order, the order every other multi-task writer
+  -- (_terminate_tasks) uses too, so concurrent claims and cancellations cannot deadlock.
+  with candidates as (
+    select t.run_id, t.step_slug, t.task_index
+    from pgflow.step_tasks t
+    where t.queue_name = v_queue
+      and t.message_id = any (start_tasks.msg_ids)
+      and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
+      and t.status = 'queued'
+    order by t.message_id
+    for update
+  ),
+  claimed as (
     update pgflow.step_tasks t
     set status = 'started',
         attempts_count = t.attempts_count + 1,
         started_at = now(),
         last_worker_id = start_tasks.worker_id
-    from pgflow.runs r, pgflow.step_states ss
-    where t.queue_name = v_queue
-      and t.message_id = any (start_tasks.msg_ids)
-      and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
+    from candidates c, pgflow.runs r, pgflow.step_states ss
+    where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
       and t.status = 'queued'
       and r.run_id = t.run_id and r.status = 'started'
       and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'

@@ -74,10 +74,17 @@ async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
     // The claim statement of start_tasks, as the function runs it.
     let plan: Value = sqlx::query_scalar(
         "explain (format json)
+         with candidates as (
+           select t.run_id, t.step_slug, t.task_index from pgflow.step_tasks t
+            where t.queue_name = 'hot' and t.message_id = any ($1) and t.flow_slug = 'hot' and t.status = 'queued'
+            order by t.message_id
+            for update
+         )
          update pgflow.step_tasks t
             set status = 'started', attempts_count = t.attempts_count + 1, started_at = now(), last_worker_id = $2
-           from pgflow.runs r, pgflow.step_states ss
-          where t.queue_name = 'hot' and t.message_id = any ($1) and t.flow_slug = 'hot' and t.status = 'queued'
+           from candidates c, pgflow.runs r, pgflow.step_states ss
+          where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+            and t.status = 'queued'
             and r.run_id = t.run_id and r.status = 'started'
             and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'",
     )
@@ -96,8 +103,9 @@ async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
           where t.run_id = $1 and t.step_slug = 'a' and t.task_index = 0 and t.status = 'started'",
         "explain (format json) select jsonb_agg(t.output order by t.task_index) from pgflow.step_tasks t
           where t.run_id = $1 and t.step_slug = 'a'",
-        "explain (format json) update pgflow.step_tasks t set status = 'cancelled'
-          where t.run_id = $1 and t.status in ('queued', 'started')",
+        "explain (format json) select t.run_id, t.step_slug, t.task_index from pgflow.step_tasks t
+          where t.run_id = $1 and t.status in ('queued', 'started')
+          order by t.queue_name, t.message_id for update",
     ] {
         let plan: Value = sqlx::query_scalar(sql).bind(run).fetch_one(pool).await.unwrap();
         let mut scanned = Vec::new();

@@ -3,6 +3,7 @@
 //! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
 
 mod compile;
+mod concurrency;
 mod conditions;
 mod events;
 mod flow_shapes;

@@ -1,0 +1,122 @@
+//! Concurrent workers: many runs drained by several workers that complete, retry and exhaust tasks at
+//! the same time. Every run must end, without deadlocks, and terminal runs keep no active task.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use pgflow_tests::test_db;
+use serde_json::json;
+use sqlx::PgPool;
+
+/// One worker: read a few messages, claim them, then complete or fail each task (fails are decided by the
+/// message id, so a failing task keeps failing until it is exhausted).
+async fn work(pool: PgPool, deadline: Instant) -> usize {
+    let mut handled = 0;
+    while Instant::now() < deadline {
+        let ids: Vec<i64> = sqlx::query_scalar("select msg_id from pgmq.read('stress', 30, 4)")
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+        if ids.is_empty() {
+            let open: i64 =
+                sqlx::query_scalar("select count(*) from pgflow.runs where status = 'started'")
+                    .fetch_one(&pool)
+                    .await
+                    .expect("open runs");
+            if open == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            continue;
+        }
+        let tasks: Vec<Task> = sqlx::query_as("select * from pgflow.start_tasks('stress', $1, $2)")
+            .bind(&ids)
+            .bind(WORKER)
+            .fetch_all(&pool)
+            .await
+            .expect("start_tasks");
+        for task in tasks {
+            let sql = if task.msg_id % 5 == 0 {
+                "select status from pgflow.fail_task($1, $2, $3, 'unlucky')"
+            } else {
+                "select status from pgflow.complete_task($1, $2, $3, $4)"
+            };
+            let output = if task.step_slug == "a" {
+                json!([1, 2, 3])
+            } else {
+                json!(task.task_index)
+            };
+            sqlx::query(sql)
+                .bind(task.run_id)
+                .bind(&task.step_slug)
+                .bind(task.task_index)
+                .bind(output)
+                .execute(&pool)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("{sql} for {}/{}: {e}", task.step_slug, task.task_index)
+                });
+            handled += 1;
+        }
+    }
+    handled
+}
+
+#[tokio::test]
+async fn concurrent_workers_drain_every_run_to_a_terminal_state_without_leaving_active_tasks() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('stress', max_attempts => 3, base_delay => 0);
+         select pgflow.add_step('stress', 'a');
+         select pgflow.add_step('stress', 'm', array['a'], step_type => 'map', when_exhausted => 'skip');
+         select pgflow.add_step('stress', 'c', array['a'], when_exhausted => 'skip-cascade');
+         select pgflow.add_step('stress', 'd', array['m', 'c']);
+         select pgflow.add_step('stress', 'e', array['a']);",
+    )
+    .await;
+    register_worker(pool).await;
+    for _ in 0..60 {
+        start(pool, "stress", json!({})).await;
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let workers: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(work(pool.clone(), deadline)))
+        .collect();
+    let mut handled = 0;
+    for worker in workers {
+        handled += worker.await.expect("worker panicked");
+    }
+    assert!(handled > 0);
+
+    let open: i64 = sqlx::query_scalar("select count(*) from pgflow.runs where status = 'started'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 0, "every run ended");
+    let active: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.step_tasks where status in ('queued', 'started')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(active, 0, "terminal runs keep no queued or started task");
+    let unfinished_steps: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.step_states ss join pgflow.runs r using (run_id)
+          where r.status = 'completed' and ss.status not in ('completed', 'skipped')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        unfinished_steps, 0,
+        "completed runs have only completed or skipped steps"
+    );
+    assert_eq!(
+        live_messages(pool, "stress").await,
+        0,
+        "no message is left behind"
+    );
+}
