@@ -319,7 +319,7 @@ end;
 $$;
 
 -- The only deployment path: workers call this at startup with their flow's shape.
---   flow missing                     -> create it                          -> "compiled"
+--   flow missing                     -> create it (its queue must not exist yet) -> "compiled"
 --   same shape                       -> nothing                            -> "verified"
 --   different, and local or allowed  -> delete flow and data, recreate     -> "recompiled"
 --   different otherwise (production) -> nothing, report the differences    -> "mismatch"
@@ -341,6 +341,15 @@ begin
   perform pg_advisory_xact_lock(1, hashtext(lower(ensure_flow_compiled.flow_slug)));
 
   if not exists (select 1 from pgflow.flows f where f.flow_slug = ensure_flow_compiled.flow_slug) then
+    -- The flow's queue is a private pgflow resource: never adopt a queue that exists without the flow.
+    if pgflow._queue_meta_name(ensure_flow_compiled.flow_slug) is not null
+       and not exists (select 1 from pgflow.flows f where lower(f.flow_slug) = lower(ensure_flow_compiled.flow_slug)) then
+      raise exception 'ensure_flow_compiled(): PGMQ queue "%" already exists but flow "%" does not',
+          pgflow._queue_meta_name(ensure_flow_compiled.flow_slug), ensure_flow_compiled.flow_slug
+        using errcode = 'duplicate_object',
+              detail = 'pgflow creates and owns the queue of each flow; an existing queue may hold foreign messages.',
+              hint = 'Drop the queue if it is a leftover (select pgmq.drop_queue(...)), or choose another flow slug.';
+    end if;
     perform pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, shape);
     return jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb);
   end if;

@@ -369,3 +369,41 @@ async fn is_valid_slug_accepts_identifiers_and_rejects_the_rest() {
         .collect();
     assert_eq!(valid, ["ok", "_x1", "Mixed"]);
 }
+
+#[tokio::test]
+async fn ensure_flow_compiled_refuses_to_adopt_a_queue_that_exists_without_its_flow() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(pool, "select pgmq.create('squatter')").await;
+    let err = sqlx::query("select pgflow.ensure_flow_compiled('squatter', $1)")
+        .bind(shape(vec![step("a", &[])]))
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().unwrap().message(),
+        "ensure_flow_compiled(): PGMQ queue \"squatter\" already exists but flow \"squatter\" does not"
+    );
+    let flows: i64 = sqlx::query_scalar("select count(*) from pgflow.flows")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(flows, 0);
+}
+
+#[tokio::test]
+async fn ensure_flow_compiled_rejects_a_slug_that_differs_only_in_case_from_a_compiled_flow() {
+    let db = test_db().await;
+    let pool = db.pool();
+    ensure(pool, "Billing", &shape(vec![step("a", &[])]), false).await;
+    let err = sqlx::query("select pgflow.ensure_flow_compiled('billing', $1)")
+        .bind(shape(vec![step("a", &[])]))
+        .execute(pool)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("differs only in case from existing flow \"Billing\""),
+        "{err}"
+    );
+}
