@@ -154,12 +154,14 @@ create table pgflow.step_states (
   constraint failed_at_is_after_started_at check (
     failed_at is null or started_at is null or failed_at >= started_at),
   constraint skipped_at_is_after_created_at check (skipped_at is null or skipped_at >= created_at)
-);
+) with (fillfactor = 85);
 
 -- Ready steps of a run (start_ready_steps, cascades).
 create index idx_step_states_ready on pgflow.step_states (run_id, status, remaining_deps)
   where status = 'created' and remaining_deps = 0;
 create index idx_step_states_failed on pgflow.step_states (run_id, step_slug) where status = 'failed';
+-- Steps with work in flight (stalled-task recovery).
+create index idx_step_states_started on pgflow.step_states (run_id, step_slug) where status = 'started';
 create index idx_step_states_flow_slug on pgflow.step_states (flow_slug);
 
 create table pgflow.step_tasks (
@@ -197,14 +199,16 @@ create table pgflow.step_tasks (
     completed_at is null or started_at is null or completed_at >= started_at),
   constraint failed_at_is_after_started_at check (
     failed_at is null or started_at is null or failed_at >= started_at)
-);
+) with (fillfactor = 85);
 
 -- PGMQ message identity is (queue, msg_id); one message belongs to at most one task. This index is also
 -- the claim path of start_tasks.
 create unique index step_tasks_queue_name_message_id_key on pgflow.step_tasks (queue_name, message_id);
--- Stalled-task recovery scans only started tasks.
-create index idx_step_tasks_started on pgflow.step_tasks (started_at) where status = 'started';
-create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id) where status = 'started';
+-- For the workers foreign key (deleting a worker). Deliberately no index on `status` (not even partial):
+-- completing or failing a task then changes no indexed column, so with the free space that fillfactor leaves
+-- the update can stay on its page (HOT) without touching any index. Stalled-task recovery finds started
+-- tasks through started step states (idx_step_states_started) instead.
+create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id);
 
 ------------------------------------------------------------------------------------------------------------
 -- Queue identity triggers

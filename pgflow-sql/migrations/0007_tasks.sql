@@ -179,30 +179,36 @@ declare
   v_step_output jsonb;
   v_completed_at timestamptz;
   v_child_tasks int;
+  v_ready_children int;
+  v_remaining_steps int;
+  v_read record;
 begin
-  select r.status, r.flow_slug into v_run_status, v_flow_slug
+  -- One read: the run (locked: every state change of a run is serialised on its row), the task, its step.
+  select r.status as run_status, r.flow_slug, t as task, ss.status as step_status, ss.remaining_tasks,
+         ss.initial_tasks, s.step_type
+  into v_read
   from pgflow.runs r
+  join pgflow.step_tasks t
+    on t.run_id = r.run_id and t.step_slug = complete_task.step_slug and t.task_index = complete_task.task_index
+  join pgflow.step_states ss on ss.run_id = r.run_id and ss.step_slug = complete_task.step_slug
+  join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
   where r.run_id = complete_task.run_id
-  for no key update;
+  for no key update of r;
 
-  select t.* into v_task
-  from pgflow.step_tasks t
-  where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-    and t.task_index = complete_task.task_index;
-
-  if v_task.run_id is null then
+  if not found then
     return;
   end if;
+  v_task := v_read.task;
+  v_run_status := v_read.run_status;
+  v_flow_slug := v_read.flow_slug;
+  v_step_status := v_read.step_status;
+  v_remaining := v_read.remaining_tasks;
+  v_initial := v_read.initial_tasks;
+  v_step_type := v_read.step_type;
   if v_run_status is distinct from 'started' or v_task.status <> 'started' then
     return next v_task;
     return;
   end if;
-
-  select ss.status, ss.remaining_tasks, ss.initial_tasks, s.step_type
-  into v_step_status, v_remaining, v_initial, v_step_type
-  from pgflow.step_states ss
-  join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-  where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug;
 
   if v_step_status <> 'started' then
     -- Late callback for a step that already ended: nothing to record, make sure the message is gone.
@@ -299,20 +305,25 @@ begin
     when jsonb_typeof(complete_task.output) = 'array' then jsonb_array_length(complete_task.output)
   end;
 
-  update pgflow.step_states c
-  set remaining_deps = c.remaining_deps - 1,
-      initial_tasks = case
-        when cs.step_type = 'map' and c.initial_tasks is null then
-          v_child_tasks
-        else c.initial_tasks end
-  from pgflow.deps d
-  join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
-  where d.flow_slug = v_flow_slug and d.dep_slug = complete_task.step_slug
-    and c.run_id = complete_task.run_id and c.step_slug = d.step_slug;
+  with released as (
+    update pgflow.step_states c
+    set remaining_deps = c.remaining_deps - 1,
+        initial_tasks = case
+          when cs.step_type = 'map' and c.initial_tasks is null then
+            v_child_tasks
+          else c.initial_tasks end
+    from pgflow.deps d
+    join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
+    where d.flow_slug = v_flow_slug and d.dep_slug = complete_task.step_slug
+      and c.run_id = complete_task.run_id and c.step_slug = d.step_slug
+    returning c.remaining_deps
+  )
+  select count(*) filter (where remaining_deps = 0) into v_ready_children from released;
 
   update pgflow.runs r
   set remaining_steps = r.remaining_steps - 1
-  where r.run_id = complete_task.run_id;
+  where r.run_id = complete_task.run_id
+  returning r.remaining_steps into v_remaining_steps;
 
   perform pgflow._emit('step:' || complete_task.step_slug || ':completed', complete_task.run_id,
     jsonb_build_object(
@@ -324,7 +335,13 @@ begin
       'completed_at', v_completed_at
     ));
 
-  perform pgflow._advance_run(complete_task.run_id);
+  -- Only dependents that just became ready can start, skip or complete taskless; with none, the run can
+  -- only have finished.
+  if v_ready_children > 0 then
+    perform pgflow._advance_run(complete_task.run_id);
+  elsif v_remaining_steps = 0 then
+    perform pgflow.maybe_complete_run(complete_task.run_id);
+  end if;
 
   return next v_task;
 end;
