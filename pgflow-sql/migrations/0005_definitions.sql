@@ -136,8 +136,8 @@ begin
 end;
 $$;
 
--- Creates a flow and its steps from the shape JSON that workers send (steps in array order).
-create function pgflow._create_flow_from_shape(p_flow_slug text, p_shape jsonb)
+-- Adds the steps of a shape JSON to an existing flow (steps in array order, so array index = step_index).
+create function pgflow._add_steps_from_shape(p_flow_slug text, p_shape jsonb)
 returns void
 language plpgsql
 volatile
@@ -146,13 +146,6 @@ as $$
 declare
   v_step jsonb;
 begin
-  perform pgflow.create_flow(
-    flow_slug => p_flow_slug,
-    max_attempts => (p_shape #>> '{options,maxAttempts}')::int,
-    base_delay => (p_shape #>> '{options,baseDelay}')::int,
-    timeout => (p_shape #>> '{options,timeout}')::int
-  );
-
   for v_step in select e from jsonb_array_elements(coalesce(p_shape -> 'steps', '[]')) as e loop
     perform pgflow.add_step(
       flow_slug => p_flow_slug,
@@ -177,7 +170,27 @@ begin
 end;
 $$;
 
--- The structural shape of a stored flow (options are runtime-tunable and not part of it).
+-- Creates a flow and its steps from the shape JSON that workers send (steps in array order).
+create function pgflow._create_flow_from_shape(p_flow_slug text, p_shape jsonb)
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+begin
+  perform pgflow.create_flow(
+    flow_slug => p_flow_slug,
+    max_attempts => (p_shape #>> '{options,maxAttempts}')::int,
+    base_delay => (p_shape #>> '{options,baseDelay}')::int,
+    timeout => (p_shape #>> '{options,timeout}')::int
+  );
+  perform pgflow._add_steps_from_shape(p_flow_slug, p_shape);
+end;
+$$;
+
+-- The structural shape of a stored flow (options are runtime-tunable and not part of it). Dependencies are
+-- sorted in byte order (collate "C"), as the Rust macro and JavaScript sort them, whatever the database's
+-- default collation.
 create function pgflow._get_flow_shape(p_flow_slug text)
 returns jsonb
 language sql
@@ -189,7 +202,7 @@ as $$
       'slug', s.step_slug,
       'stepType', s.step_type,
       'dependencies', coalesce(
-        (select jsonb_agg(d.dep_slug order by d.dep_slug) from pgflow.deps d
+        (select jsonb_agg(d.dep_slug order by d.dep_slug collate "C") from pgflow.deps d
          where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug),
         '[]'::jsonb),
       'whenUnmet', s.when_unmet,
@@ -251,9 +264,9 @@ begin
       v_diffs := v_diffs || (v_prefix || format('type differs ''%s'' vs ''%s''', v_a ->> 'stepType', v_b ->> 'stepType'));
     end if;
 
-    select coalesce(string_agg(d, ', ' order by d), '') into v_deps_a
+    select coalesce(string_agg(d, ', ' order by d collate "C"), '') into v_deps_a
     from jsonb_array_elements_text(coalesce(v_a -> 'dependencies', '[]')) as d;
-    select coalesce(string_agg(d, ', ' order by d), '') into v_deps_b
+    select coalesce(string_agg(d, ', ' order by d collate "C"), '') into v_deps_b
     from jsonb_array_elements_text(coalesce(v_b -> 'dependencies', '[]')) as d;
     if v_deps_a <> v_deps_b then
       v_diffs := v_diffs || (v_prefix || format('dependencies differ [%s] vs [%s]', v_deps_a, v_deps_b));
