@@ -76,6 +76,16 @@ immutable
 parallel safe
 as $$ select 30 $$;
 
+-- The recovery boundary of a started task: from this moment on, requeue_stalled_tasks() may requeue it
+-- (started_at + effective step timeout + stall buffer). claim_tasks hides a duplicate message of a started
+-- task until exactly this moment, so claim visibility and stalled recovery share one rule.
+create function pgflow._recovery_boundary(p_started_at timestamptz, p_effective_timeout int)
+returns timestamptz
+language sql
+stable
+parallel safe
+as $$ select p_started_at + make_interval(secs => p_effective_timeout + pgflow._stall_buffer_seconds()) $$;
+
 -- The pg_notify channel carrying the events of one run when Supabase Realtime is not installed:
 -- `pgflow_run_` followed by the run id as 32 lowercase hex digits (43 characters, below the 63-byte limit
 -- for identifiers). A client runs `LISTEN pgflow_run_<hex>` before starting or while watching a run.

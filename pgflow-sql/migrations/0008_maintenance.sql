@@ -34,8 +34,7 @@ begin
         and t.permanently_stalled_at is null
         and r.status = 'started'
         and ss.status = 'started'
-        and t.started_at < now() - make_interval(
-              secs => coalesce(s.opt_timeout, f.opt_timeout) + pgflow._stall_buffer_seconds())
+        and pgflow._recovery_boundary(t.started_at, coalesce(s.opt_timeout, f.opt_timeout)) < now()
       for update of t skip locked
     ),
     changed as (
