@@ -51,16 +51,23 @@
 
 pub use pgflow_sql as sql;
 
+pub mod client;
+pub mod config;
 pub mod context;
 pub mod error;
 pub mod flow;
 pub mod queue_names;
+#[path = "sql.rs"]
+mod statements;
 pub mod step_queued;
+pub mod worker;
 
 #[doc(hidden)]
 #[allow(missing_docs, unreachable_pub)]
 pub mod __private;
 
+pub use client::{Client, ClientError, RunHandle, RunState, RunStatus, StepState, WaitError};
+pub use config::{Compilation, ConfigError, WorkerConfig};
 pub use context::StepContext;
 #[doc(hidden)]
 pub use context::StepContextParts;
@@ -68,11 +75,14 @@ pub use error::{BoxError, FlowQueueNameError, QueueNameError, StepError, StepQue
 pub use flow::{task_input, Flow, FlowStep, StepKind, UnknownStep};
 pub use pgflow_macros::{flow, step};
 pub use step_queued::{StepQueueRoutes, StepQueued, StepWorkerSpec};
+pub use worker::{StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport};
 
 /// `Result<T, StepError>`, the usual handler return type.
 pub type StepResult<T, E = StepError> = Result<T, E>;
 
 /// The items a flow module usually needs: `use pgflow_runtime::prelude::*;`.
 pub mod prelude {
-    pub use crate::{flow, Flow, FlowStep, StepContext, StepError, StepQueued, StepResult};
+    pub use crate::{
+        flow, Client, Flow, FlowStep, StepContext, StepError, StepQueued, StepResult, Worker,
+    };
 }

@@ -3,7 +3,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use sqlx::PgPool;
+
 use crate::flow::{Flow, FlowStep};
+use crate::worker::{Mode, WorkerBuilder};
 
 /// The route table (step, queue) that `#[flow]` computed and validated at expansion time.
 ///
@@ -97,6 +100,36 @@ impl<F: Flow> StepWorkerSpec<F> {
     /// The concrete flow slug.
     pub fn flow_slug(&self) -> &'static str {
         F::SLUG
+    }
+
+    /// A worker builder for this step on `pool` (caller-owned; never closed by the worker).
+    ///
+    /// The worker polls only this step's queue. At startup it checks that the queue persisted in
+    /// `pgflow.steps` equals this build's route and refuses to start otherwise.
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, StepError, StepQueued};
+    /// # #[flow(slug = "community", input = String)]
+    /// # mod community { use pgflow_runtime::StepError;
+    /// #   #[step] async fn classify(t: String) -> Result<String, StepError> { Ok(t) } }
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use community::{Community, Step};
+    /// StepQueued::<Community>::worker(Step::Classify)
+    ///     .builder(pool)
+    ///     .max_concurrent(4)
+    ///     .build()?
+    ///     .run_until_signal()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder(&self, pool: PgPool) -> WorkerBuilder<F> {
+        WorkerBuilder::new(
+            pool,
+            Mode::Step {
+                step: self.step,
+                route: self.queue,
+            },
+        )
     }
 }
 

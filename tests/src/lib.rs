@@ -50,3 +50,21 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// A flow shared by the integration tests and the `crashy_worker` binary.
+///
+/// Its one step blocks forever when the environment variable `CRASHY_BLOCK` is set (the child
+/// process that gets killed), and returns its input doubled otherwise.
+#[pgflow_runtime::flow(slug = "crashFlow", input = i64, timeout = 2)]
+pub mod crash_flow {
+    use pgflow_runtime::StepError;
+
+    /// Blocks in the crashy child; doubles elsewhere.
+    #[step]
+    async fn work(n: i64) -> Result<i64, StepError> {
+        if std::env::var_os("CRASHY_BLOCK").is_some() {
+            std::future::pending::<()>().await;
+        }
+        Ok(n * 2)
+    }
+}

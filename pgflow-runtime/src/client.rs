@@ -1,0 +1,465 @@
+//! Starting runs, reading their state and waiting for their outcome.
+
+use std::any::type_name;
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::Value;
+use sqlx::postgres::PgListener;
+use sqlx::{PgPool, Postgres};
+use uuid::Uuid;
+
+use crate::flow::Flow;
+use crate::statements as sql;
+
+/// An error starting a run or reading one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The input does not serialize to JSON.
+    #[error("cannot serialize the input of flow `{flow_slug}` as JSON: {source}")]
+    Input {
+        /// The flow slug.
+        flow_slug: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The database refused (for example an unknown flow slug, or a root map given a non-array).
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// `get_run_with_states` returned something this build cannot read.
+    #[error("cannot read the state of run {run_id}: {source}")]
+    State {
+        /// The run.
+        run_id: Uuid,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Why waiting for a run did not give its output.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The run failed.
+    #[error("run {run_id} failed{}{}", failed_step.as_ref().map(|s| format!(" in step `{s}`")).unwrap_or_default(), error_message.as_ref().map(|m| format!(": {m}")).unwrap_or_default())]
+    Failed {
+        /// The run.
+        run_id: Uuid,
+        /// The step whose failure failed the run, when known.
+        failed_step: Option<String>,
+        /// That step's (or task's) error message.
+        error_message: Option<String>,
+    },
+    /// The run did not finish in time; it keeps running.
+    #[error("run {run_id} did not finish within {waited:?}")]
+    TimedOut {
+        /// The run.
+        run_id: Uuid,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// No such run.
+    #[error("run {run_id} does not exist")]
+    NotFound {
+        /// The run.
+        run_id: Uuid,
+    },
+    /// The run completed, but its output is not the flow's output type.
+    #[error(
+        "run {run_id} completed, but its output does not deserialize as `{expected}`: {source}"
+    )]
+    Output {
+        /// The run.
+        run_id: Uuid,
+        /// The expected Rust type.
+        expected: &'static str,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A database error.
+    #[error("database error while waiting: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Starts a typed run with any executor: a pool, a connection, or the caller's transaction
+/// (`&mut *tx`), so a run can start atomically with the caller's own writes.
+///
+/// ```no_run
+/// # use pgflow_runtime::{flow, StepError};
+/// # #[flow(slug = "greet", input = String)]
+/// # mod greet { use pgflow_runtime::StepError;
+/// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("insert into signups (name) values ($1)").bind("Ada").execute(&mut *tx).await?;
+/// let run_id = pgflow_runtime::client::start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned()).await?;
+/// tx.commit().await?;
+/// # let _ = run_id; Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`ClientError::Input`] when the input does not serialize, [`ClientError::Database`] when
+/// `pgflow.start_flow` fails (unknown flow, a root map given a non-array).
+pub async fn start_flow<'e, F, E>(executor: E, input: &F::Input) -> Result<Uuid, ClientError>
+where
+    F: Flow,
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let input = serde_json::to_value(input).map_err(|source| ClientError::Input {
+        flow_slug: F::SLUG.to_owned(),
+        source,
+    })?;
+    start_flow_by_slug(executor, F::SLUG, &input, None).await
+}
+
+/// Starts a run by flow slug with a JSON input, optionally with a chosen run id.
+///
+/// # Errors
+///
+/// [`ClientError::Database`] when `pgflow.start_flow` fails.
+pub async fn start_flow_by_slug<'e, E>(
+    executor: E,
+    flow_slug: &str,
+    input: &Value,
+    run_id: Option<Uuid>,
+) -> Result<Uuid, ClientError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    Ok(sqlx::query_scalar(sql::START_FLOW)
+        .bind(flow_slug)
+        .bind(input)
+        .bind(run_id)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// Starts runs and watches them. Cheap to clone; the pool stays the caller's.
+///
+/// ```no_run
+/// # use pgflow_runtime::{flow, StepError};
+/// # #[flow(slug = "greet", input = String)]
+/// # mod greet { use pgflow_runtime::StepError;
+/// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
+/// use pgflow_runtime::Client;
+/// use std::time::Duration;
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::new(pool);
+/// let run = client.start::<greet::Greet>(&"Ada".to_owned()).await?;
+/// let output = run.wait(Duration::from_secs(30)).await?;
+/// assert_eq!(output.hello, "Ada");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    pool: PgPool,
+    poll_fallback: Duration,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("poll_fallback", &self.poll_fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client on `pool`.
+    pub fn new(pool: PgPool) -> Self {
+        Client {
+            pool,
+            poll_fallback: Duration::from_millis(500),
+        }
+    }
+
+    /// How often [`Client::wait`] re-reads the run when no notification arrives (default 500 ms).
+    #[must_use]
+    pub fn with_poll_fallback(mut self, every: Duration) -> Self {
+        self.poll_fallback = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Starts a typed run.
+    ///
+    /// # Errors
+    ///
+    /// See [`start_flow`].
+    pub async fn start<F: Flow>(&self, input: &F::Input) -> Result<RunHandle<F>, ClientError> {
+        let run_id = start_flow::<F, _>(&self.pool, input).await?;
+        Ok(self.handle(run_id))
+    }
+
+    /// Starts a run by slug with a JSON input.
+    ///
+    /// # Errors
+    ///
+    /// See [`start_flow_by_slug`].
+    pub async fn start_by_slug(&self, flow_slug: &str, input: &Value) -> Result<Uuid, ClientError> {
+        start_flow_by_slug(&self.pool, flow_slug, input, None).await
+    }
+
+    /// A typed handle on an existing run.
+    pub fn handle<F: Flow>(&self, run_id: Uuid) -> RunHandle<F> {
+        RunHandle {
+            run_id,
+            client: self.clone(),
+            _flow: PhantomData,
+        }
+    }
+
+    /// The run with its step states (`pgflow.get_run_with_states`), `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// A database error, or [`ClientError::State`] when the JSON cannot be read.
+    pub async fn run(&self, run_id: Uuid) -> Result<Option<RunState>, ClientError> {
+        let raw: Option<Value> = sqlx::query_scalar(sql::GET_RUN_WITH_STATES)
+            .bind(run_id)
+            .fetch_one(&self.pool)
+            .await?;
+        raw.map(|v| {
+            serde_json::from_value(v).map_err(|source| ClientError::State { run_id, source })
+        })
+        .transpose()
+    }
+
+    /// Waits until the run completes or fails, for at most `timeout`.
+    ///
+    /// Woken by the run's notifications (`LISTEN pgflow_run_<id>`; `run:*` events are on by
+    /// default), with a re-read every poll-fallback period in case a notification is missed or
+    /// listening is impossible (for example behind a transaction pooler).
+    ///
+    /// # Errors
+    ///
+    /// [`WaitError::Failed`] (with the failed step and its message), [`WaitError::TimedOut`],
+    /// [`WaitError::NotFound`], [`WaitError::Output`], or a database error.
+    pub async fn wait<F: Flow>(
+        &self,
+        run_id: Uuid,
+        timeout: Duration,
+    ) -> Result<F::Output, WaitError> {
+        let output = self.wait_json(run_id, timeout).await?;
+        serde_json::from_value(output).map_err(|source| WaitError::Output {
+            run_id,
+            expected: type_name::<F::Output>(),
+            source,
+        })
+    }
+
+    /// [`Client::wait`] returning the raw JSON output.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::wait`], without [`WaitError::Output`].
+    pub async fn wait_json(&self, run_id: Uuid, timeout: Duration) -> Result<Value, WaitError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut listener = match PgListener::connect_with(&self.pool).await {
+            Ok(mut l) => match l.listen(&sql::run_channel(run_id)).await {
+                Ok(()) => Some(l),
+                Err(e) => {
+                    tracing::debug!(%run_id, error = %e, "cannot LISTEN; polling");
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::debug!(%run_id, error = %e, "cannot LISTEN; polling");
+                None
+            }
+        };
+        loop {
+            if let Some(output) = self.outcome(run_id).await? {
+                return Ok(output);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(WaitError::TimedOut {
+                    run_id,
+                    waited: started.elapsed(),
+                });
+            }
+            let nap = self.poll_fallback.min(deadline - now);
+            match listener.as_mut() {
+                Some(l) => {
+                    if let Ok(Err(e)) = tokio::time::timeout(nap, l.recv()).await {
+                        tracing::debug!(%run_id, error = %e, "listener failed; polling");
+                        listener = None;
+                    }
+                }
+                None => tokio::time::sleep(nap).await,
+            }
+        }
+    }
+
+    /// `Some(output)` when completed, an error when failed or missing, `None` while running.
+    async fn outcome(&self, run_id: Uuid) -> Result<Option<Value>, WaitError> {
+        type Row = (String, Option<Value>, Option<String>, Option<String>);
+        let row: Option<Row> = sqlx::query_as(sql::RUN_OUTCOME)
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match row {
+            None => Err(WaitError::NotFound { run_id }),
+            Some((status, output, _, _)) if status == "completed" => {
+                Ok(Some(output.unwrap_or(Value::Null)))
+            }
+            Some((status, _, failed_step, error_message)) if status == "failed" => {
+                Err(WaitError::Failed {
+                    run_id,
+                    failed_step,
+                    error_message,
+                })
+            }
+            Some(_) => Ok(None),
+        }
+    }
+}
+
+/// A typed run: its id, and a way to wait for its output.
+pub struct RunHandle<F: Flow> {
+    run_id: Uuid,
+    client: Client,
+    _flow: PhantomData<fn() -> F>,
+}
+
+impl<F: Flow> RunHandle<F> {
+    /// The run id (`pgflow.runs.run_id`).
+    pub fn run_id(&self) -> Uuid {
+        self.run_id
+    }
+
+    /// The run with its step states.
+    ///
+    /// # Errors
+    ///
+    /// See [`Client::run`].
+    pub async fn state(&self) -> Result<Option<RunState>, ClientError> {
+        self.client.run(self.run_id).await
+    }
+
+    /// Waits for the typed output.
+    ///
+    /// # Errors
+    ///
+    /// See [`Client::wait`].
+    pub async fn wait(&self, timeout: Duration) -> Result<F::Output, WaitError> {
+        self.client.wait::<F>(self.run_id, timeout).await
+    }
+}
+
+impl<F: Flow> Clone for RunHandle<F> {
+    fn clone(&self) -> Self {
+        RunHandle {
+            run_id: self.run_id,
+            client: self.client.clone(),
+            _flow: PhantomData,
+        }
+    }
+}
+
+impl<F: Flow> fmt::Debug for RunHandle<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunHandle")
+            .field("flow", &F::SLUG)
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+/// A run's status.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// Running.
+    Started,
+    /// Every step finished.
+    Completed,
+    /// A step failed the run.
+    Failed,
+    /// A status this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// A run with its step states, as `pgflow.get_run_with_states` returns it.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct RunState {
+    /// The run row.
+    pub run: RunRow,
+    /// One entry per step.
+    pub steps: Vec<StepState>,
+}
+
+impl RunState {
+    /// The state of one step.
+    pub fn step(&self, step_slug: &str) -> Option<&StepState> {
+        self.steps.iter().find(|s| s.step_slug == step_slug)
+    }
+}
+
+/// `pgflow.runs`.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct RunRow {
+    /// The run id.
+    pub run_id: Uuid,
+    /// The flow slug.
+    pub flow_slug: String,
+    /// The status.
+    pub status: RunStatus,
+    /// The input.
+    pub input: Value,
+    /// The output (set when completed).
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// Steps not finished yet.
+    #[serde(default)]
+    pub remaining_steps: Option<i32>,
+    /// Start time.
+    pub started_at: DateTime<Utc>,
+    /// Completion time.
+    #[serde(default)]
+    pub completed_at: Option<DateTime<Utc>>,
+    /// Failure time.
+    #[serde(default)]
+    pub failed_at: Option<DateTime<Utc>>,
+}
+
+/// `pgflow.step_states`.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct StepState {
+    /// The step slug.
+    pub step_slug: String,
+    /// `created`, `started`, `completed`, `failed` or `skipped`.
+    pub status: String,
+    /// Tasks not finished yet.
+    #[serde(default)]
+    pub remaining_tasks: Option<i32>,
+    /// The step output (map steps: the array of task outputs).
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// The error of a failed (or handler-failed skipped) step.
+    #[serde(default)]
+    pub error_message: Option<String>,
+    /// Why the step was skipped.
+    #[serde(default)]
+    pub skip_reason: Option<String>,
+}

@@ -1,0 +1,260 @@
+//! Worker configuration: every default in one place, validated once.
+
+use std::time::Duration;
+
+/// What the worker does with the flow definition at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Compilation {
+    /// Create the flow when missing, accept an identical one, refuse to start on a different one
+    /// (unless the database is local, see `pgflow.is_local()`). The default.
+    #[default]
+    Verify,
+    /// Like `Verify`, but a different stored shape is replaced: **deletes the flow's runs**.
+    AllowDataLoss,
+    /// Do not call `ensure_flow_compiled`; the flow must already exist.
+    Skip,
+}
+
+/// Worker settings. Build them with the worker builder; every default is listed here.
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | `max_concurrent` | 10 | handlers running at once (and tasks claimed but unfinished) |
+/// | `batch_size` | 10 | most messages one read asks for (never more than the free slots) |
+/// | `poll_interval` | 50 ms | wait after an empty read; doubles while idle |
+/// | `max_poll_wait` | 1 s | longest wait between reads while idle |
+/// | `read_visibility` | 5 s | how long a read message stays hidden before the claim extends it |
+/// | `heartbeat_interval` | 5 s | `pgflow.workers.last_heartbeat_at` updates; deprecation and the fence are seen here |
+/// | `shutdown_grace` | 30 s | how long in-flight handlers may finish after shutdown is requested |
+/// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
+/// | `stalled_recovery_interval` | 15 s (`Some`) | how often `requeue_stalled_tasks` runs (one worker at a time) |
+/// | `poll_error_backoff_max` | 30 s | longest wait after repeated database errors while polling |
+/// | `completion_batch_size` | 64 | most outputs recorded in one `complete_tasks` call |
+/// | `completion_flushers` | 2 | `complete_tasks` calls in flight at once |
+/// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
+/// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
+/// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
+///
+/// The pool is the caller's: it should allow at least `completion_flushers + 3` connections
+/// (claims, completions, heartbeats, handlers that query).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerConfig {
+    /// Handlers running at once.
+    pub max_concurrent: usize,
+    /// Most messages one read asks for.
+    pub batch_size: usize,
+    /// Wait after an empty read.
+    pub poll_interval: Duration,
+    /// Longest wait between reads while idle.
+    pub max_poll_wait: Duration,
+    /// Visibility of a read message until the claim extends it (whole seconds, at least 1).
+    pub read_visibility: Duration,
+    /// Heartbeat period.
+    pub heartbeat_interval: Duration,
+    /// Time in-flight handlers get to finish on shutdown.
+    pub shutdown_grace: Duration,
+    /// Time cancelled handlers get to return after the grace.
+    pub cancel_grace: Duration,
+    /// Stalled-task recovery period; `None` leaves recovery to someone else (e.g. pg_cron).
+    pub stalled_recovery_interval: Option<Duration>,
+    /// Cap of the exponential backoff after poll errors.
+    pub poll_error_backoff_max: Duration,
+    /// Most outputs per `complete_tasks` call.
+    pub completion_batch_size: usize,
+    /// `complete_tasks` calls in flight at once.
+    pub completion_flushers: usize,
+    /// The worker function name; `None` uses the queue name.
+    pub worker_name: Option<String>,
+    /// Startup compilation policy.
+    pub compilation: Compilation,
+    /// Install or upgrade the schema at startup.
+    pub auto_install: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            max_concurrent: 10,
+            batch_size: 10,
+            poll_interval: Duration::from_millis(50),
+            max_poll_wait: Duration::from_secs(1),
+            read_visibility: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(2),
+            stalled_recovery_interval: Some(Duration::from_secs(15)),
+            poll_error_backoff_max: Duration::from_secs(30),
+            completion_batch_size: 64,
+            completion_flushers: 2,
+            worker_name: None,
+            compilation: Compilation::Verify,
+            auto_install: false,
+        }
+    }
+}
+
+/// An invalid worker setting.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A count that must be positive is zero.
+    #[error("`{setting}` must be at least 1")]
+    Zero {
+        /// The setting's name.
+        setting: &'static str,
+    },
+    /// A count above its limit.
+    #[error("`{setting}` is {value}, the maximum is {max}")]
+    TooLarge {
+        /// The setting's name.
+        setting: &'static str,
+        /// The value given.
+        value: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A duration below its minimum.
+    #[error("`{setting}` is {value:?}, the minimum is {min:?}")]
+    TooShort {
+        /// The setting's name.
+        setting: &'static str,
+        /// The value given.
+        value: Duration,
+        /// The minimum.
+        min: Duration,
+    },
+    /// `max_poll_wait` shorter than `poll_interval`.
+    #[error(
+        "`max_poll_wait` ({max_poll_wait:?}) is shorter than `poll_interval` ({poll_interval:?})"
+    )]
+    PollWaitBelowInterval {
+        /// The interval.
+        poll_interval: Duration,
+        /// The maximum wait.
+        max_poll_wait: Duration,
+    },
+    /// An empty or too long worker name.
+    #[error("`worker_name` must be 1 to 128 characters, got {len}")]
+    WorkerName {
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl WorkerConfig {
+    /// Checks every setting.
+    ///
+    /// # Errors
+    ///
+    /// The first invalid setting, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (setting, value, max) in [
+            ("max_concurrent", self.max_concurrent, 10_000),
+            ("batch_size", self.batch_size, 1_000),
+            ("completion_batch_size", self.completion_batch_size, 10_000),
+            ("completion_flushers", self.completion_flushers, 64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { setting });
+            }
+            if value > max {
+                return Err(ConfigError::TooLarge {
+                    setting,
+                    value,
+                    max,
+                });
+            }
+        }
+        let ms = Duration::from_millis;
+        for (setting, value, min) in [
+            ("poll_interval", self.poll_interval, ms(1)),
+            ("read_visibility", self.read_visibility, ms(1_000)),
+            ("heartbeat_interval", self.heartbeat_interval, ms(10)),
+            ("poll_error_backoff_max", self.poll_error_backoff_max, ms(1)),
+            (
+                "stalled_recovery_interval",
+                self.stalled_recovery_interval.unwrap_or(ms(10)),
+                ms(10),
+            ),
+        ] {
+            if value < min {
+                return Err(ConfigError::TooShort {
+                    setting,
+                    value,
+                    min,
+                });
+            }
+        }
+        if self.max_poll_wait < self.poll_interval {
+            return Err(ConfigError::PollWaitBelowInterval {
+                poll_interval: self.poll_interval,
+                max_poll_wait: self.max_poll_wait,
+            });
+        }
+        if let Some(name) = &self.worker_name {
+            let len = name.chars().count();
+            if len == 0 || len > 128 {
+                return Err(ConfigError::WorkerName { len });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        WorkerConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn zero_concurrency_is_rejected_by_name() {
+        let c = WorkerConfig {
+            max_concurrent: 0,
+            ..WorkerConfig::default()
+        };
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::Zero {
+                setting: "max_concurrent"
+            })
+        );
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "`max_concurrent` must be at least 1"
+        );
+    }
+
+    #[test]
+    fn sub_second_read_visibility_is_rejected() {
+        let c = WorkerConfig {
+            read_visibility: Duration::from_millis(500),
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooShort {
+                setting: "read_visibility",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn poll_wait_below_interval_is_rejected() {
+        let c = WorkerConfig {
+            poll_interval: Duration::from_secs(2),
+            max_poll_wait: Duration::from_secs(1),
+            ..WorkerConfig::default()
+        };
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::PollWaitBelowInterval { .. })
+        ));
+    }
+}

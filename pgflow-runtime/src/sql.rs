@@ -1,0 +1,87 @@
+//! Every SQL statement the runtime sends, in one place; `pgflow.*` functions are called with named arguments.
+
+/// `ensure_flow_compiled` → `{status, differences}`.
+pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compiled(\
+     flow_slug => $1, shape => $2, allow_data_loss => $3)";
+
+/// The persisted steps of a flow with their queue and effective timeout (seconds), in step order.
+pub(crate) const FLOW_STEPS: &str = "select s.step_slug, s.queue_name, \
+     coalesce(s.opt_timeout, f.opt_timeout)::int as timeout \
+     from pgflow.steps s join pgflow.flows f on f.flow_slug = s.flow_slug \
+     where s.flow_slug = $1 order by s.step_index";
+
+/// Upserts the worker function.
+pub(crate) const TRACK_WORKER_FUNCTION: &str =
+    "select pgflow.track_worker_function(function_name => $1)";
+
+/// Whether the worker function is enabled (the fence).
+pub(crate) const WORKER_FUNCTION_ENABLED: &str =
+    "select enabled from pgflow.worker_functions where function_name = $1";
+
+/// Disables a worker function persistently (until an operator enables it again).
+pub(crate) const DISABLE_WORKER_FUNCTION: &str = "update pgflow.worker_functions \
+     set enabled = false, updated_at = clock_timestamp() where function_name = $1";
+
+/// Registers this worker.
+pub(crate) const REGISTER_WORKER: &str =
+    "insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, $2, $3)";
+
+/// Heartbeat: `(deprecated, enabled)`.
+pub(crate) const HEARTBEAT: &str = "update pgflow.workers w set last_heartbeat_at = clock_timestamp() \
+     where w.worker_id = $1 \
+     returning w.deprecated_at is not null, \
+     coalesce((select wf.enabled from pgflow.worker_functions wf where wf.function_name = w.function_name), true)";
+
+/// Read and claim in one round trip.
+pub(crate) const READ_AND_START_TASKS: &str =
+    "select run_id, step_slug, task_index, msg_id, input, flow_input, attempts_count \
+     from pgflow.read_and_start_tasks(queue_name => $1, flow_slug => $2, qty => $3, vt => $4, \
+     worker_id => $5, function_name => $6)";
+
+/// Records a batch of outputs.
+pub(crate) const COMPLETE_TASKS: &str = "select pgflow.complete_tasks(\
+     run_ids => $1, step_slugs => $2, task_indexes => $3, outputs => $4)";
+
+/// Records one output (fallback when a batch fails).
+pub(crate) const COMPLETE_TASK: &str = "select 1 from pgflow.complete_task(\
+     run_id => $1, step_slug => $2, task_index => $3, output => $4)";
+
+/// Records a failure → the task's status afterwards (`queued` when it will be retried).
+pub(crate) const FAIL_TASK: &str = "select status from pgflow.fail_task(\
+     run_id => $1, step_slug => $2, task_index => $3, error_message => $4, \
+     retry_delay_seconds => $5, terminal => $6)";
+
+/// Hands back what a stopping worker could not finish.
+pub(crate) const RELEASE_WORKER_TASKS: &str = "select pgflow.release_worker_tasks(worker_id => $1)";
+
+/// Marks the worker stopped.
+pub(crate) const MARK_WORKER_STOPPED: &str = "select pgflow.mark_worker_stopped(worker_id => $1)";
+
+/// Stalled-task recovery, at most one caller at a time (the lock is released at the end of the statement).
+pub(crate) const REQUEUE_STALLED_TASKS: &str = "select case when pg_try_advisory_xact_lock($1) \
+     then pgflow.requeue_stalled_tasks() end";
+
+/// Advisory lock key of stalled-task recovery (`"pgflow-rq"`).
+pub(crate) const REQUEUE_LOCK_KEY: i64 = 0x7067_666c_6f77_7271;
+
+/// Starts a run → its id.
+pub(crate) const START_FLOW: &str =
+    "select run_id from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
+
+/// A run with its step states.
+pub(crate) const GET_RUN_WITH_STATES: &str = "select pgflow.get_run_with_states(run_id => $1)";
+
+/// The run's status and output, and the first failed step (for waiting).
+pub(crate) const RUN_OUTCOME: &str = "select r.status, r.output, \
+     (select ss.step_slug from pgflow.step_states ss where ss.run_id = r.run_id and ss.status = 'failed' \
+       order by ss.failed_at limit 1), \
+     coalesce((select ss.error_message from pgflow.step_states ss where ss.run_id = r.run_id \
+       and ss.status = 'failed' order by ss.failed_at limit 1), \
+       (select t.error_message from pgflow.step_tasks t where t.run_id = r.run_id and t.status = 'failed' \
+       order by t.failed_at limit 1)) \
+     from pgflow.runs r where r.run_id = $1";
+
+/// The notification channel of a run.
+pub(crate) fn run_channel(run_id: uuid::Uuid) -> String {
+    format!("pgflow_run_{}", run_id.simple())
+}

@@ -1,0 +1,28 @@
+//! Runs a worker for `crashFlow` on the database URL given as the only argument, until killed.
+//! The integration tests start it with `CRASHY_BLOCK=1` and kill it with SIGKILL mid-task.
+
+use std::time::Duration;
+
+use pgflow_runtime::Worker;
+use pgflow_tests::crash_flow::CrashFlow;
+
+#[tokio::main]
+async fn main() {
+    let url = std::env::args()
+        .nth(1)
+        .expect("usage: crashy_worker <database-url>");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&url)
+        .await
+        .expect("connect");
+    Worker::<CrashFlow>::builder(pool)
+        .poll_interval(Duration::from_millis(10))
+        .max_poll_wait(Duration::from_millis(50))
+        .stalled_recovery_interval(None)
+        .build()
+        .expect("valid config")
+        .run_until_signal()
+        .await
+        .expect("worker");
+}

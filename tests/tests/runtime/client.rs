@@ -1,0 +1,98 @@
+//! The client: typed starts (also inside a transaction), run state, waiting.
+
+use std::time::Duration;
+
+use pgflow_runtime::client::start_flow;
+use pgflow_runtime::{flow, Client, RunStatus, StepError, WaitError};
+
+use crate::support::{self, LIMIT};
+
+#[flow(slug = "greetFlow", input = String)]
+mod greet {
+    use super::*;
+
+    #[step]
+    async fn hello(name: String) -> Result<String, StepError> {
+        Ok(format!("hello {name}"))
+    }
+}
+
+async fn compile(pool: &sqlx::PgPool) {
+    let token = tokio_util::sync::CancellationToken::new();
+    token.cancel();
+    support::fast(pgflow_runtime::Worker::<greet::Greet>::builder(
+        pool.clone(),
+    ))
+    .run(token)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_run_started_in_a_rolled_back_transaction_never_exists() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    compile(pool).await;
+    let mut tx = pool.begin().await.unwrap();
+    let run_id = start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let client = Client::new(pool.clone());
+    assert!(client.run(run_id).await.unwrap().is_none());
+
+    let mut tx = pool.begin().await.unwrap();
+    let run_id = start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let state = client.run(run_id).await.unwrap().unwrap();
+    assert_eq!(state.run.status, RunStatus::Started);
+    assert_eq!(state.run.flow_slug, "greetFlow");
+    assert_eq!(state.step("hello").unwrap().status, "started");
+}
+
+#[tokio::test]
+async fn waiting_wakes_on_the_completion_notification() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<greet::Greet>(pool).await;
+    // A very slow fallback: only the notification can end the wait quickly.
+    let client = Client::new(pool.clone()).with_poll_fallback(Duration::from_secs(60));
+    let run = client
+        .start::<greet::Greet>(&"Bob".to_owned())
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(run.wait(LIMIT).await.unwrap().hello, "hello Bob");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn waiting_times_out_and_reports_unknown_runs() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    compile(pool).await;
+    let client = Client::new(pool.clone()).with_poll_fallback(Duration::from_millis(20));
+    let run = client
+        .start::<greet::Greet>(&"nobody".to_owned())
+        .await
+        .unwrap();
+    let err = run
+        .wait(Duration::from_millis(200))
+        .await
+        .err()
+        .expect("the wait fails");
+    assert!(matches!(err, WaitError::TimedOut { .. }), "{err}");
+    let err = client
+        .wait_json(uuid::Uuid::new_v4(), Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::NotFound { .. }), "{err}");
+    let err = client
+        .start_by_slug("noSuchFlow", &serde_json::json!({}))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("database error"), "{err}");
+}

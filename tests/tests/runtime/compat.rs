@@ -1,0 +1,167 @@
+//! Compatibility: runs started by hand in SQL, shape verification, mismatches, schema checks.
+
+use pgflow_runtime::{flow, Compilation, Flow, StepError, Worker, WorkerError};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{self, LIMIT};
+
+#[flow(slug = "compatFlow", input = String, max_attempts = 2, timeout = 30)]
+mod original {
+    use super::*;
+
+    #[step]
+    async fn upper(s: String) -> Result<String, StepError> {
+        Ok(s.to_uppercase())
+    }
+
+    #[step(depends_on = [upper], timeout = 5)]
+    async fn exclaim(upper: String) -> Result<String, StepError> {
+        Ok(format!("{upper}!"))
+    }
+}
+
+#[flow(slug = "compatFlow", input = String)]
+mod changed {
+    use super::*;
+
+    #[step]
+    async fn lower(s: String) -> Result<String, StepError> {
+        Ok(s.to_lowercase())
+    }
+}
+
+#[tokio::test]
+async fn a_run_started_by_hand_in_sql_is_executed() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<original::Original>(pool).await;
+    pgflow_tests::wait_until(LIMIT, "the worker to register", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    let run_id: uuid::Uuid =
+        sqlx::query_scalar("select run_id from pgflow.start_flow('compatFlow', '\"hey\"'::jsonb)")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(support::wait_finished(pool, run_id).await, "completed");
+    let output: Value = sqlx::query_scalar("select output from pgflow.runs where run_id = $1")
+        .bind(run_id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(output, json!({"exclaim": "HEY!"}));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn the_macro_shape_is_verified_against_a_database_compiled_from_the_same_flow() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let first = support::spawn::<original::Original>(pool)
+        .await
+        .stop()
+        .await;
+    assert_eq!(first.compile_status, "compiled");
+    let stored: Value = sqlx::query_scalar("select pgflow._get_flow_shape('compatFlow')")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // Options are not part of the stored shape (upstream compares structure only).
+    let mut ours = original::Original::shape()["steps"].clone();
+    for step in ours.as_array_mut().unwrap() {
+        step.as_object_mut().unwrap().remove("options");
+    }
+    assert_eq!(stored["steps"], ours);
+    let second = support::spawn::<original::Original>(pool)
+        .await
+        .stop()
+        .await;
+    assert_eq!(second.compile_status, "verified");
+}
+
+#[tokio::test]
+async fn a_different_stored_flow_refuses_to_start_listing_the_differences() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    support::spawn::<original::Original>(pool)
+        .await
+        .stop()
+        .await;
+    let err = support::fast(Worker::<changed::Changed>::builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    let WorkerError::ShapeMismatch {
+        flow_slug,
+        differences,
+    } = &err
+    else {
+        panic!("expected a mismatch, got {err}");
+    };
+    assert_eq!(flow_slug, "compatFlow");
+    assert!(!differences.is_empty());
+    assert!(err.to_string().contains(&differences[0]), "{err}");
+    let workers: i64 =
+        sqlx::query_scalar("select count(*) from pgflow.workers where stopped_at is null")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        workers, 0,
+        "nothing registered before compilation succeeded"
+    );
+
+    let report = support::fast(Worker::<changed::Changed>::builder(pool.clone()))
+        .compilation(Compilation::AllowDataLoss)
+        .build()
+        .unwrap();
+    let token = CancellationToken::new();
+    token.cancel();
+    assert_eq!(
+        report.run(token).await.unwrap().compile_status,
+        "recompiled"
+    );
+}
+
+#[tokio::test]
+async fn a_database_without_pgflow_is_refused_unless_auto_install_is_on() {
+    let db = pgflow_tests::db_with(pgflow_tests::Contents::Pgmq).await;
+    let pool = db.pool();
+    let err = support::fast(Worker::<original::Original>::builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WorkerError::SchemaMissing { .. }), "{err}");
+    let token = CancellationToken::new();
+    token.cancel();
+    let report = support::fast(Worker::<original::Original>::builder(pool.clone()))
+        .auto_install(true)
+        .run(token)
+        .await
+        .unwrap();
+    assert_eq!(report.compile_status, "compiled");
+}
+
+#[tokio::test]
+async fn the_step_timeout_comes_from_the_database_at_startup() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    support::spawn::<original::Original>(pool)
+        .await
+        .stop()
+        .await;
+    let timeouts: Vec<(String, i32)> = sqlx::query_as(
+        "select s.step_slug, coalesce(s.opt_timeout, f.opt_timeout) from pgflow.steps s \
+         join pgflow.flows f using (flow_slug) where flow_slug = 'compatFlow' order by step_index",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(timeouts, [("upper".into(), 30), ("exclaim".into(), 5)]);
+}

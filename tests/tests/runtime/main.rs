@@ -1,0 +1,10 @@
+//! Runtime integration tests: workers and the client against real PostgreSQL and real PGMQ.
+//!
+//! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
+
+mod client;
+mod compat;
+mod failures;
+mod flows;
+mod shutdown;
+mod support;

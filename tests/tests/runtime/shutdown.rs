@@ -1,0 +1,217 @@
+//! Shutdown, deprecation, the worker-function fence, and a worker killed mid-task.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pgflow_runtime::{flow, Client, StepContext, StepError, StopReason, Worker, WorkerError};
+use pgflow_tests::crash_flow::CrashFlow;
+use uuid::Uuid;
+
+use crate::support::{self, LIMIT};
+
+static BLOCK: AtomicBool = AtomicBool::new(true);
+
+#[flow(slug = "sleepyFlow", input = u64)]
+mod sleepy {
+    use super::*;
+
+    /// Sleeps `ms` milliseconds; `u64::MAX` blocks while `BLOCK` is set (until cancelled).
+    #[step]
+    async fn nap(ms: u64, ctx: &StepContext<Sleepy>) -> Result<u64, StepError> {
+        if ms == u64::MAX {
+            while BLOCK.load(Ordering::SeqCst) {
+                tokio::select! {
+                    _ = ctx.cancellation().cancelled() => return Err(StepError::msg("cancelled")),
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+            }
+            return Ok(0);
+        }
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(ms)
+    }
+}
+
+async fn started_tasks(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("select count(*) from pgflow.step_tasks where status = 'started'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn worker_stopped(pool: &sqlx::PgPool, id: Uuid) -> bool {
+    sqlx::query_scalar("select stopped_at is not null from pgflow.workers where worker_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_in_flight_tasks_and_leaves_nothing_started() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<sleepy::Sleepy>(pool).await;
+    let client = Client::new(pool.clone());
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        runs.push(client.start::<sleepy::Sleepy>(&400).await.unwrap());
+    }
+    pgflow_tests::wait_until(LIMIT, "four tasks in flight", || async {
+        started_tasks(pool).await == 4
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(report.stop_reason, StopReason::Shutdown);
+    assert_eq!((report.completed, report.released), (4, 0));
+    assert_eq!(started_tasks(pool).await, 0);
+    for run in runs {
+        assert_eq!(support::run_status(pool, run.run_id()).await, "completed");
+    }
+    assert!(worker_stopped(pool, report.worker_id).await);
+}
+
+#[tokio::test]
+async fn tasks_that_outlast_the_grace_are_handed_back_at_once_without_using_an_attempt() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn_with(
+        support::fast(Worker::<sleepy::Sleepy>::builder(pool.clone()))
+            .shutdown_grace(Duration::from_millis(200)),
+    )
+    .await;
+    let client = Client::new(pool.clone());
+    let run = client.start::<sleepy::Sleepy>(&u64::MAX).await.unwrap();
+    pgflow_tests::wait_until(LIMIT, "the task to start", || async {
+        started_tasks(pool).await == 1
+    })
+    .await;
+    let report = worker.stop().await;
+    assert_eq!(report.released, 1);
+    assert_eq!(report.failed, 0);
+    let (status, attempts, _) = support::task(pool, run.run_id(), "nap", 0).await;
+    assert_eq!((status.as_str(), attempts), ("queued", 0));
+    let visible: bool = sqlx::query_scalar("select vt <= clock_timestamp() from pgmq.q_sleepyflow")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(visible, "the handed-back message is visible at once");
+
+    BLOCK.store(false, Ordering::SeqCst);
+    let second = support::spawn::<sleepy::Sleepy>(pool).await;
+    // Far below the stall timeout (60 s + 30 s): no recovery was needed.
+    assert_eq!(run.wait(Duration::from_secs(10)).await.unwrap().nap, 0);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn a_deprecated_worker_stops_claiming_drains_and_exits() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<sleepy::Sleepy>(pool).await;
+    let client = Client::new(pool.clone());
+    let run = client.start::<sleepy::Sleepy>(&300).await.unwrap();
+    pgflow_tests::wait_until(LIMIT, "the task to start", || async {
+        started_tasks(pool).await == 1
+    })
+    .await;
+    sqlx::query("update pgflow.workers set deprecated_at = now()")
+        .execute(pool)
+        .await
+        .unwrap();
+    let report = worker.join().await;
+    assert_eq!(report.stop_reason, StopReason::Deprecated);
+    assert_eq!(report.completed, 1);
+    assert_eq!(support::run_status(pool, run.run_id()).await, "completed");
+    // Work started after deprecation stays queued.
+    let later = client.start::<sleepy::Sleepy>(&1).await.unwrap();
+    assert_eq!(
+        support::task(pool, later.run_id(), "nap", 0).await.0,
+        "queued"
+    );
+}
+
+#[tokio::test]
+async fn a_disabled_worker_function_refuses_to_start_and_stops_running_workers() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<sleepy::Sleepy>(pool).await;
+    pgflow_tests::wait_until(LIMIT, "the worker to register", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    sqlx::query(
+        "update pgflow.worker_functions set enabled = false where function_name = 'sleepyflow'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let report = worker.join().await;
+    assert_eq!(report.stop_reason, StopReason::Disabled);
+
+    let client = Client::new(pool.clone());
+    let run = client.start::<sleepy::Sleepy>(&1).await.unwrap();
+    let err = support::fast(Worker::<sleepy::Sleepy>::builder(pool.clone()))
+        .run(tokio_util::sync::CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, WorkerError::FunctionDisabled { function_name } if function_name == "sleepyflow"),
+        "{err}"
+    );
+    assert_eq!(
+        support::task(pool, run.run_id(), "nap", 0).await.0,
+        "queued"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_crashy_worker"))
+        .arg(db.url())
+        .env("CRASHY_BLOCK", "1")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn crashy_worker");
+    pgflow_tests::wait_until(LIMIT, "the child to compile the flow", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 1
+    })
+    .await;
+    let client = Client::new(pool.clone());
+    let run = client.start::<CrashFlow>(&21).await.unwrap();
+    pgflow_tests::wait_until(LIMIT, "the child to claim the task", || async {
+        support::task(pool, run.run_id(), "work", 0).await.0 == "started"
+    })
+    .await;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let status = child.wait().await.unwrap();
+    assert!(!status.success());
+    assert_eq!(
+        support::task(pool, run.run_id(), "work", 0).await.0,
+        "started"
+    );
+
+    // Step timeout 2 s + the 30 s stall buffer, then stalled recovery in this worker.
+    let rescuer = support::spawn::<CrashFlow>(pool).await;
+    let out = run.wait(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(out.work, 42);
+    let requeued: i32 =
+        sqlx::query_scalar("select requeued_count from pgflow.step_tasks where run_id = $1")
+            .bind(run.run_id())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(requeued, 1);
+    rescuer.stop().await;
+}
