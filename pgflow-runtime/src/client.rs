@@ -253,7 +253,11 @@ impl Client {
         run_id: Uuid,
         timeout: Duration,
     ) -> Result<F::Output, WaitError> {
-        let output = self.wait_json(run_id, timeout).await?;
+        let mut output = self.wait_json(run_id, timeout).await?;
+        if output.is_null() {
+            // A run whose leaves were all skipped completes with a NULL output: no leaf outputs.
+            output = Value::Object(serde_json::Map::new());
+        }
         serde_json::from_value(output).map_err(|source| WaitError::Output {
             run_id,
             expected: type_name::<F::Output>(),

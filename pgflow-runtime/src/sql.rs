@@ -2,7 +2,7 @@
 
 /// `ensure_flow_compiled` → `{status, differences}`.
 pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compiled(\
-     flow_slug => $1, shape => $2, allow_data_loss => $3)";
+     flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5)";
 
 /// The persisted steps of a flow with their queue and effective timeout (seconds), in step order.
 pub(crate) const FLOW_STEPS: &str = "select s.step_slug, s.queue_name, \
@@ -10,21 +10,13 @@ pub(crate) const FLOW_STEPS: &str = "select s.step_slug, s.queue_name, \
      from pgflow.steps s join pgflow.flows f on f.flow_slug = s.flow_slug \
      where s.flow_slug = $1 order by s.step_index";
 
-/// Upserts the worker function.
-pub(crate) const TRACK_WORKER_FUNCTION: &str =
-    "select pgflow.track_worker_function(function_name => $1)";
+/// Registers this worker with its exact subscription → `{enabled, disabled_reason, ...}`.
+pub(crate) const REGISTER_WORKER: &str = "select pgflow.register_worker(worker_id => $1, \
+     function_name => $2, queue_name => $3, flow_slug => $4, step_slug => $5)";
 
-/// Whether the worker function is enabled (the fence).
-pub(crate) const WORKER_FUNCTION_ENABLED: &str =
-    "select enabled from pgflow.worker_functions where function_name = $1";
-
-/// Disables a worker function persistently (until an operator enables it again).
-pub(crate) const DISABLE_WORKER_FUNCTION: &str = "update pgflow.worker_functions \
-     set enabled = false, updated_at = clock_timestamp() where function_name = $1";
-
-/// Registers this worker.
-pub(crate) const REGISTER_WORKER: &str =
-    "insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, $2, $3)";
+/// Disables a worker function persistently, with the reason (until an operator enables it again).
+pub(crate) const DISABLE_WORKER_FUNCTION: &str =
+    "select pgflow.disable_worker_function(function_name => $1, reason => $2)";
 
 /// Heartbeat: `(deprecated, enabled)`.
 pub(crate) const HEARTBEAT: &str = "update pgflow.workers w set last_heartbeat_at = clock_timestamp() \
@@ -37,6 +29,11 @@ pub(crate) const READ_AND_START_TASKS: &str =
     "select run_id, step_slug, task_index, msg_id, input, flow_input, attempts_count \
      from pgflow.read_and_start_tasks(queue_name => $1, flow_slug => $2, qty => $3, vt => $4, \
      worker_id => $5, function_name => $6)";
+
+/// Read and classifying claim for one exact subscription (step workers), in one round trip.
+pub(crate) const READ_AND_CLAIM_TASKS: &str =
+    "select pgflow.read_and_claim_tasks(queue_name => $1, \
+     flow_slug => $2, step_slug => $3, qty => $4, vt => $5, worker_id => $6)";
 
 /// Records a batch of outputs.
 pub(crate) const COMPLETE_TASKS: &str = "select pgflow.complete_tasks(\

@@ -86,7 +86,7 @@ pub struct StepWorkerSpec<F: Flow> {
     queue: &'static str,
 }
 
-impl<F: Flow> StepWorkerSpec<F> {
+impl<F: StepQueueRoutes> StepWorkerSpec<F> {
     /// The step this worker runs.
     pub fn step(&self) -> F::Step {
         self.step
@@ -127,7 +127,7 @@ impl<F: Flow> StepWorkerSpec<F> {
             pool,
             Mode::Step {
                 step: self.step,
-                route: self.queue,
+                routes: F::ROUTES,
             },
         )
     }

@@ -68,26 +68,34 @@ pub enum WorkerError {
         /// `pgflow.steps.queue_name`.
         persisted_queue: String,
     },
+    /// SQL rejected the flow's queue routing or the worker's subscription (SQLSTATE `PF0xx`): a queue
+    /// mode or route map that differs from the deployed one, a resolver disagreement, a queue not
+    /// privately owned, or a subscription that does not match the persisted route.
+    #[error("flow `{flow_slug}`: {message}{}{}", detail.as_ref().map(|d| format!(" {d}")).unwrap_or_default(), hint.as_ref().map(|h| format!(" Hint: {h}")).unwrap_or_default())]
+    Routing {
+        /// The flow slug.
+        flow_slug: String,
+        /// The SQLSTATE (`PF001`, `PF002`, `PF013`, `PF020`, ...).
+        code: String,
+        /// The SQL MESSAGE.
+        message: String,
+        /// The SQL DETAIL.
+        detail: Option<String>,
+        /// The SQL HINT.
+        hint: Option<String>,
+    },
     /// The worker function is disabled (`pgflow.worker_functions.enabled = false`).
-    #[error("worker function `{function_name}` is disabled; enable it (`update pgflow.worker_functions set enabled = true ...`) before starting its workers")]
+    #[error("worker function `{function_name}` is disabled ({}); after fixing the cause, enable it with `select pgflow.enable_worker_function('{function_name}')`", reason.as_deref().unwrap_or("no reason recorded"))]
     FunctionDisabled {
         /// The worker function name.
         function_name: String,
+        /// `pgflow.worker_functions.disabled_reason`.
+        reason: Option<String>,
     },
-    /// A step worker read messages it must not run; it claimed none of them and disabled its function.
-    #[error("queue `{queue}` holds messages {msg_ids:?} that are not tasks of flow `{flow_slug}` step `{step_slug}`; claimed none, disabled worker function `{function_name}` and stopped")]
-    Unsupported {
-        /// The queue.
-        queue: String,
-        /// The message ids of the batch.
-        msg_ids: Vec<i64>,
-        /// The worker's flow.
-        flow_slug: String,
-        /// The worker's step.
-        step_slug: String,
-        /// The disabled worker function.
-        function_name: String,
-    },
+    /// A step worker read messages it must not run; it claimed none of them, disabled its worker
+    /// function persistently and stopped.
+    #[error(transparent)]
+    Unsupported(Box<UnsupportedBatch>),
     /// A database call at startup or shutdown failed.
     #[error("database error while {during}: {source}")]
     Database {
@@ -97,6 +105,49 @@ pub enum WorkerError {
         #[source]
         source: sqlx::Error,
     },
+}
+
+/// Turns a `PF0xx` database error into [`WorkerError::Routing`], anything else into `Database`.
+pub(crate) fn routing_or_database(
+    flow_slug: &str,
+    during: &'static str,
+    source: sqlx::Error,
+) -> WorkerError {
+    if let Some(db) = source.as_database_error() {
+        if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+            if pg.code().starts_with("PF") {
+                return WorkerError::Routing {
+                    flow_slug: flow_slug.to_owned(),
+                    code: pg.code().to_owned(),
+                    message: pg.message().to_owned(),
+                    detail: pg.detail().map(str::to_owned),
+                    hint: pg.hint().map(str::to_owned),
+                };
+            }
+        }
+    }
+    WorkerError::Database { during, source }
+}
+
+/// A read batch that a step worker must not run (see [`WorkerError::Unsupported`]). No bodies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("queue `{queue}` returned messages {msg_ids:?} that are not all tasks of flow `{flow_slug}` step `{step_slug}` (unsupported messages name flows {message_flows:?}, steps {message_steps:?}); claimed none, disabled worker function `{function_name}` and stopped")]
+#[non_exhaustive]
+pub struct UnsupportedBatch {
+    /// The queue.
+    pub queue: String,
+    /// The message ids of the batch (all visible again).
+    pub msg_ids: Vec<i64>,
+    /// The worker's flow.
+    pub flow_slug: String,
+    /// The worker's step.
+    pub step_slug: String,
+    /// The disabled worker function.
+    pub function_name: String,
+    /// Flows named by the unsupported messages (from their tasks, or else their bodies).
+    pub message_flows: Vec<String>,
+    /// Steps named by the unsupported messages.
+    pub message_steps: Vec<String>,
 }
 
 pub(crate) trait Context<T> {

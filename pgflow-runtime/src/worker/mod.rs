@@ -19,17 +19,20 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use crate::config::{Compilation, ConfigError, WorkerConfig};
-pub use error::WorkerError;
+pub use error::{UnsupportedBatch, WorkerError};
 
 use crate::flow::{Flow, FlowStep};
 
 /// Which tasks a worker runs.
 #[derive(Clone, Copy)]
-pub(crate) enum Mode<S> {
+pub(crate) enum Mode<S: 'static> {
     /// Every step of the flow, from the flow's single queue.
     Plain,
-    /// One step, from its private queue (`route` is the macro's queue name).
-    Step { step: S, route: &'static str },
+    /// One step, from its private queue (`routes`: the macro's route table, step order).
+    Step {
+        step: S,
+        routes: &'static [(S, &'static str)],
+    },
 }
 
 /// Builds a [`Worker`]; every setting has a default (see [`WorkerConfig`]).

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::claim::{ClaimOutcome, Claimer};
 use super::complete::{completer, Stats};
-use super::error::{Context, WorkerError};
+use super::error::{Context, UnsupportedBatch, WorkerError};
 use super::{background, execute, startup, Mode, StopReason, Worker, WorkerReport};
 use crate::config::WorkerConfig;
 use crate::flow::{Flow, FlowStep};
@@ -173,8 +173,21 @@ pub(crate) async fn serve<F: Flow>(
                 error_wait = Duration::ZERO;
                 claimed
             }
-            Ok(ClaimOutcome::Unsupported { msg_ids }) => {
-                fatal = Some(msg_ids);
+            Ok(ClaimOutcome::Unsupported {
+                msg_ids,
+                flows,
+                steps,
+            }) => {
+                fatal = Some((msg_ids, flows, steps));
+                stop.cancel();
+                break;
+            }
+            Ok(ClaimOutcome::Disabled { reason: why }) => {
+                tracing::warn!(%worker_id, reason = ?why, "worker function disabled: no more claims, draining");
+                reason
+                    .lock()
+                    .expect("stop reason lock")
+                    .get_or_insert(StopReason::Disabled);
                 stop.cancel();
                 break;
             }
@@ -256,7 +269,9 @@ pub(crate) async fn serve<F: Flow>(
     }
 
     let unsupported = match fatal {
-        Some(msg_ids) => Some(unsupported(&pool, &claimer, msg_ids).await?),
+        Some((msg_ids, flows, steps)) => {
+            Some(unsupported(&pool, &claimer, msg_ids, flows, steps).await?)
+        }
         None => None,
     };
     sqlx::query(sql::MARK_WORKER_STOPPED)
@@ -303,19 +318,24 @@ async fn unsupported(
     pool: &PgPool,
     claimer: &Claimer,
     msg_ids: Vec<i64>,
+    flows: Vec<String>,
+    steps: Vec<String>,
 ) -> Result<WorkerError, WorkerError> {
-    sqlx::query(sql::DISABLE_WORKER_FUNCTION)
-        .bind(&claimer.function_name)
-        .execute(pool)
-        .await
-        .during("disabling the worker function")?;
-    let err = WorkerError::Unsupported {
+    let err = WorkerError::Unsupported(Box::new(UnsupportedBatch {
         queue: claimer.queue.clone(),
         msg_ids,
         flow_slug: claimer.flow_slug.to_owned(),
         step_slug: claimer.step_slug.unwrap_or("*").to_owned(),
         function_name: claimer.function_name.clone(),
-    };
+        message_flows: flows,
+        message_steps: steps,
+    }));
+    sqlx::query(sql::DISABLE_WORKER_FUNCTION)
+        .bind(&claimer.function_name)
+        .bind(err.to_string())
+        .execute(pool)
+        .await
+        .during("disabling the worker function")?;
     tracing::error!(error = %err, "stopping: unsupported messages");
     Ok(err)
 }

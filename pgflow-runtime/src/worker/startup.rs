@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::error::{Context, WorkerError};
+use super::error::{routing_or_database, Context, WorkerError};
 use super::Mode;
 use crate::config::{Compilation, WorkerConfig};
 use crate::flow::{Flow, FlowStep};
@@ -28,7 +28,7 @@ pub(crate) async fn prepare<F: Flow>(
     worker_id: Uuid,
 ) -> Result<Prepared, WorkerError> {
     check_schema(pool, config.auto_install).await?;
-    let compile_status = compile::<F>(pool, config.compilation).await?;
+    let compile_status = compile::<F>(pool, mode, config.compilation).await?;
 
     let rows: Vec<(String, String, i32)> = sqlx::query_as(sql::FLOW_STEPS)
         .bind(F::SLUG)
@@ -66,7 +66,8 @@ pub(crate) async fn prepare<F: Flow>(
             }
             queues.remove(0)
         }
-        Mode::Step { step, route } => {
+        Mode::Step { step, routes } => {
+            let route = routes[step.index()].1;
             let persisted = rows
                 .iter()
                 .find(|(slug, _, _)| slug == step.slug())
@@ -85,26 +86,31 @@ pub(crate) async fn prepare<F: Flow>(
     };
 
     let function_name = config.worker_name.clone().unwrap_or_else(|| queue.clone());
-    sqlx::query(sql::TRACK_WORKER_FUNCTION)
+    let step_slug = match mode {
+        Mode::Plain => None,
+        Mode::Step { step, .. } => Some(step.slug()),
+    };
+    let state: Value = sqlx::query_scalar(sql::REGISTER_WORKER)
+        .bind(worker_id)
         .bind(&function_name)
-        .execute(pool)
-        .await
-        .during("tracking the worker function")?;
-    let enabled: bool = sqlx::query_scalar(sql::WORKER_FUNCTION_ENABLED)
-        .bind(&function_name)
+        .bind(&queue)
+        .bind(F::SLUG)
+        .bind(step_slug)
         .fetch_one(pool)
         .await
-        .during("reading the worker function")?;
-    if !enabled {
-        return Err(WorkerError::FunctionDisabled { function_name });
+        .map_err(|e| routing_or_database(F::SLUG, "registering the worker", e))?;
+    if state["enabled"] == Value::Bool(false) {
+        // Registered but fenced: record it as stopped at once, so monitoring does not count it.
+        sqlx::query(sql::MARK_WORKER_STOPPED)
+            .bind(worker_id)
+            .execute(pool)
+            .await
+            .during("marking the worker stopped")?;
+        return Err(WorkerError::FunctionDisabled {
+            function_name,
+            reason: state["disabled_reason"].as_str().map(str::to_owned),
+        });
     }
-    sqlx::query(sql::REGISTER_WORKER)
-        .bind(worker_id)
-        .bind(&queue)
-        .bind(&function_name)
-        .execute(pool)
-        .await
-        .during("registering the worker")?;
 
     Ok(Prepared {
         queue,
@@ -149,19 +155,37 @@ async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerErr
     }
 }
 
-async fn compile<F: Flow>(pool: &PgPool, compilation: Compilation) -> Result<String, WorkerError> {
+async fn compile<F: Flow>(
+    pool: &PgPool,
+    mode: Mode<F::Step>,
+    compilation: Compilation,
+) -> Result<String, WorkerError> {
     let allow_data_loss = match compilation {
         Compilation::Skip => return Ok("skipped".to_owned()),
         Compilation::Verify => false,
         Compilation::AllowDataLoss => true,
     };
+    let (queue_mode, routes) = match mode {
+        Mode::Plain => ("flow", None),
+        Mode::Step { routes, .. } => (
+            "step",
+            Some(Value::Array(
+                routes
+                    .iter()
+                    .map(|(step, queue)| json!({"step_slug": step.slug(), "queue_name": queue}))
+                    .collect(),
+            )),
+        ),
+    };
     let result: Value = sqlx::query_scalar(sql::ENSURE_FLOW_COMPILED)
         .bind(F::SLUG)
         .bind(F::shape())
         .bind(allow_data_loss)
+        .bind(queue_mode)
+        .bind(routes)
         .fetch_one(pool)
         .await
-        .during("compiling the flow")?;
+        .map_err(|e| routing_or_database(F::SLUG, "compiling the flow", e))?;
     let status = result["status"].as_str().unwrap_or_default().to_owned();
     let differences: Vec<String> = result["differences"]
         .as_array()

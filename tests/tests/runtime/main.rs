@@ -7,4 +7,5 @@ mod compat;
 mod failures;
 mod flows;
 mod shutdown;
+mod steps;
 mod support;

@@ -160,7 +160,7 @@ async fn a_disabled_worker_function_refuses_to_start_and_stops_running_workers()
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, WorkerError::FunctionDisabled { function_name } if function_name == "sleepyflow"),
+        matches!(&err, WorkerError::FunctionDisabled { function_name, .. } if function_name == "sleepyflow"),
         "{err}"
     );
     assert_eq!(

@@ -1,0 +1,335 @@
+//! Per-step queues: isolation, several instances, coverage, unsupported messages, routing checks, and the
+//! queue-name resolvers (macro/runtime and SQL) agreeing.
+#![allow(unreachable_pub)] // flow input types appear in the generated (public) flow items
+
+use std::time::Duration;
+
+use pgflow_runtime::queue_names::resolve_step_queues;
+use pgflow_runtime::worker::UnsupportedBatch;
+use pgflow_runtime::{flow, Client, StepError, StepQueued, Worker, WorkerError};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{self, LIMIT};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Thread {
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Label {
+    pub route: String,
+}
+
+#[flow(slug = "communityV1", input = Thread)]
+mod community {
+    use super::*;
+
+    #[step]
+    async fn classify(thread: Thread) -> Result<Label, StepError> {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let route = if thread.text.contains('?') {
+            "help"
+        } else {
+            "chat"
+        };
+        Ok(Label {
+            route: route.into(),
+        })
+    }
+
+    #[step(depends_on = [classify], slug = "deliverSlack", if = { classify: { route: "help" } })]
+    async fn deliver_slack(classify: Label) -> Result<String, StepError> {
+        Ok(format!("delivered {}", classify.route))
+    }
+}
+
+use community::{Community, Step};
+
+async fn step_worker(pool: &sqlx::PgPool, step: Step) -> support::Running {
+    support::spawn_with(support::fast(
+        StepQueued::<Community>::worker(step).builder(pool.clone()),
+    ))
+    .await
+}
+
+async fn coverage(pool: &sqlx::PgPool, step: &str) -> (i64, i64, bool) {
+    sqlx::query_as(
+        "select queued_tasks, live_workers, uncovered from pgflow.queue_coverage \
+         where flow_slug = 'communityV1' and step_slug = $1",
+    )
+    .bind(step)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn step_workers_poll_only_their_queue_and_a_missing_one_leaves_work_queued_and_visible_in_coverage(
+) {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let classify = step_worker(pool, Step::Classify).await;
+    let client = Client::new(pool.clone());
+    let run = client
+        .start::<Community>(&Thread {
+            text: "help?".into(),
+        })
+        .await
+        .unwrap();
+    pgflow_tests::wait_until(LIMIT, "classify to complete", || async {
+        support::step_status(pool, run.run_id(), "classify").await == "completed"
+    })
+    .await;
+    assert_eq!(
+        support::task(pool, run.run_id(), "deliverSlack", 0).await.0,
+        "queued"
+    );
+    let waiting: i64 = sqlx::query_scalar("select count(*) from pgmq.q_communityv1__deliverslack")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 1);
+    assert_eq!(coverage(pool, "deliverSlack").await, (1, 0, true));
+    assert_eq!(coverage(pool, "classify").await, (0, 1, false));
+
+    let deliver = step_worker(pool, Step::DeliverSlack).await;
+    assert_eq!(
+        run.wait(LIMIT).await.unwrap().deliver_slack.as_deref(),
+        Some("delivered help")
+    );
+    assert_eq!(coverage(pool, "deliverSlack").await, (0, 1, false));
+    let report = classify.stop().await;
+    assert_eq!(report.completed, 1);
+    assert_eq!(deliver.stop().await.completed, 1);
+}
+
+#[tokio::test]
+async fn several_instances_of_one_step_worker_share_its_queue() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let mut classifiers = Vec::new();
+    for _ in 0..3 {
+        classifiers.push(
+            support::spawn_with(
+                support::fast(
+                    StepQueued::<Community>::worker(Step::Classify).builder(pool.clone()),
+                )
+                .max_concurrent(1),
+            )
+            .await,
+        );
+    }
+    let deliver = step_worker(pool, Step::DeliverSlack).await;
+    let client = Client::new(pool.clone());
+    let mut runs = Vec::new();
+    for i in 0..12 {
+        let text = if i % 2 == 0 { "q?" } else { "hi" };
+        runs.push(
+            client
+                .start::<Community>(&Thread { text: text.into() })
+                .await
+                .unwrap(),
+        );
+    }
+    for run in &runs {
+        run.wait(LIMIT).await.unwrap();
+    }
+    let workers: i64 = sqlx::query_scalar(
+        "select count(distinct last_worker_id) from pgflow.step_tasks where step_slug = 'classify'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(
+        workers >= 2,
+        "classify tasks were spread over {workers} worker(s)"
+    );
+    let mut total = 0;
+    for c in classifiers {
+        total += c.stop().await.completed;
+    }
+    assert_eq!(total, 12);
+    assert_eq!(deliver.stop().await.completed, 6);
+}
+
+#[tokio::test]
+async fn an_unsupported_message_stops_the_step_worker_without_mutation_and_fences_its_restarts() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    // Compile the flow (a deliver worker), then queue a real classify task and a foreign message.
+    let deliver = step_worker(pool, Step::DeliverSlack).await;
+    let client = Client::new(pool.clone());
+    let run = client
+        .start::<Community>(&Thread {
+            text: "help?".into(),
+        })
+        .await
+        .unwrap();
+    let foreign: i64 = sqlx::query_scalar(
+        "select pgmq.send('communityv1__classify', '{\"secret\": \"body\"}'::jsonb)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+
+    let err = support::fast(StepQueued::<Community>::worker(Step::Classify).builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    let WorkerError::Unsupported(batch) = &err else {
+        panic!("expected an unsupported batch, got {err}");
+    };
+    let UnsupportedBatch {
+        queue,
+        msg_ids,
+        flow_slug,
+        step_slug,
+        function_name,
+        ..
+    } = &**batch;
+    assert_eq!(queue, "communityv1__classify");
+    assert!(msg_ids.contains(&foreign), "{msg_ids:?}");
+    assert_eq!(
+        (flow_slug.as_str(), step_slug.as_str()),
+        ("communityV1", "classify")
+    );
+    assert_eq!(function_name, "communityv1__classify");
+    assert!(
+        !err.to_string().contains("secret"),
+        "no message bodies: {err}"
+    );
+
+    // No mutation: the real task is untouched, every message visible again.
+    let (status, attempts, _) = support::task(pool, run.run_id(), "classify", 0).await;
+    assert_eq!((status.as_str(), attempts), ("queued", 0));
+    let hidden: i64 = sqlx::query_scalar(
+        "select count(*) from pgmq.q_communityv1__classify where vt > clock_timestamp()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(hidden, 0);
+    let (enabled, reason): (bool, Option<String>) = sqlx::query_as(
+        "select enabled, disabled_reason from pgflow.worker_functions where function_name = 'communityv1__classify'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(!enabled);
+    assert!(reason.unwrap().contains("communityv1__classify"));
+
+    // A restarted worker of the disabled function claims nothing.
+    let err = support::fast(StepQueued::<Community>::worker(Step::Classify).builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WorkerError::FunctionDisabled { .. }), "{err}");
+    assert_eq!(support::task(pool, run.run_id(), "classify", 0).await.1, 0);
+    deliver.stop().await;
+}
+
+#[tokio::test]
+async fn a_flow_compiled_with_one_queue_refuses_step_workers_with_the_routing_error() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    support::spawn::<Community>(pool).await.stop().await;
+    let err = support::fast(StepQueued::<Community>::worker(Step::Classify).builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    let WorkerError::Routing { code, .. } = &err else {
+        panic!("expected a routing error, got {err}");
+    };
+    assert_eq!(code, "PF001");
+    assert!(err.to_string().contains("Hint:"), "{err}");
+    // And the other way round: a plain worker for a step-queued flow.
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    step_worker(pool, Step::Classify).await.stop().await;
+    let err = support::fast(Worker::<Community>::builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WorkerError::Routing { .. }), "{err}");
+}
+
+/// A deterministic generator (no `rand` needed for reproducible cases).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.0 >> 33) as usize) % below.max(1)
+    }
+
+    fn slug(&mut self, len: usize) -> String {
+        const FIRST: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_";
+        const REST: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
+        let mut s = String::with_capacity(len);
+        s.push(FIRST[self.next(FIRST.len())] as char);
+        while s.len() < len {
+            s.push(REST[self.next(REST.len())] as char);
+        }
+        s
+    }
+}
+
+#[tokio::test]
+async fn the_runtime_and_sql_queue_resolvers_agree_on_generated_cases_with_boundary_lengths() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let mut rng = Lcg(0x5eed);
+    let mut cases = 0;
+    let mut rejected = 0;
+    for case in 0..1_200 {
+        // Boundary-heavy lengths: flow slugs around 43-48, steps around the 47 total.
+        let flow_len = match case % 4 {
+            0 => 40 + rng.next(10),
+            1 => 1 + rng.next(30),
+            _ => 10 + rng.next(40),
+        };
+        let flow = rng.slug(flow_len);
+        let steps_n = 1 + rng.next(12);
+        let mut steps: Vec<String> = Vec::new();
+        for _ in 0..steps_n {
+            let room = 47usize.saturating_sub(flow_len + 2);
+            let len = match rng.next(3) {
+                0 => room.max(1),
+                1 => room + 1,
+                _ => 1 + rng.next(30),
+            };
+            let s = rng.slug(len.max(1));
+            if s == "run" || steps.contains(&s) {
+                continue;
+            }
+            steps.push(s);
+        }
+        let refs: Vec<&str> = steps.iter().map(String::as_str).collect();
+        let ours = resolve_step_queues(&flow, &refs);
+        let sql: Result<Vec<String>, sqlx::Error> = sqlx::query_scalar(
+            "select queue_name from pgflow.resolve_step_queues(flow_slug => $1, step_slugs => $2) order by step_index",
+        )
+        .bind(&flow)
+        .bind(&steps)
+        .fetch_all(pool)
+        .await;
+        match (&ours, &sql) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "flow {flow} steps {steps:?}"),
+            (Err(_), Err(_)) => rejected += 1,
+            _ => panic!(
+                "resolvers disagree for flow {flow} steps {steps:?}: runtime {ours:?}, sql {sql:?}"
+            ),
+        }
+        cases += 1;
+    }
+    assert!(cases >= 1_000);
+    assert!(
+        rejected > 50 && rejected < cases - 50,
+        "both outcomes are exercised ({rejected} rejected)"
+    );
+}
