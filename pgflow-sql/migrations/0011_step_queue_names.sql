@@ -168,17 +168,6 @@ begin
     v_step := p_step_slugs[i];
     v_queue := p_queues[i];
 
-    select s.flow_slug, s.step_slug into v_other
-    from pgflow.steps s
-    where s.queue_name = v_queue and s.flow_slug <> p_flow_slug
-    limit 1;
-    if found then
-      raise exception 'Queue "%" for step "%" of flow "%" is already used by another flow.', v_queue, v_step, p_flow_slug
-        using errcode = 'PF013',
-              detail = format('It is the queue of step "%s" in flow "%s".', v_other.step_slug, v_other.flow_slug),
-              hint = v_hint;
-    end if;
-
     select f.flow_slug into v_other
     from pgflow.flows f
     where lower(f.flow_slug) = v_queue and f.flow_slug <> p_flow_slug
@@ -187,6 +176,17 @@ begin
       raise exception 'Queue "%" for step "%" of flow "%" is already used by another flow.', v_queue, v_step, p_flow_slug
         using errcode = 'PF013',
               detail = format('It is the default queue of flow "%s".', v_other.flow_slug),
+              hint = v_hint;
+    end if;
+
+    select s.flow_slug, s.step_slug into v_other
+    from pgflow.steps s
+    where s.queue_name = v_queue and s.flow_slug <> p_flow_slug
+    limit 1;
+    if found then
+      raise exception 'Queue "%" for step "%" of flow "%" is already used by another flow.', v_queue, v_step, p_flow_slug
+        using errcode = 'PF013',
+              detail = format('It is the queue of step "%s" in flow "%s".', v_other.step_slug, v_other.flow_slug),
               hint = v_hint;
     end if;
 

@@ -12,4 +12,6 @@ mod hot_paths;
 mod maintenance;
 mod queue_identity;
 mod retries;
+mod step_queues;
+mod step_support;
 mod support;
