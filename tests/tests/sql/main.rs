@@ -15,3 +15,4 @@ mod retries;
 mod step_queues;
 mod step_support;
 mod support;
+mod claims;
