@@ -24,6 +24,10 @@ pub(crate) const HEARTBEAT: &str = "update pgflow.workers w set last_heartbeat_a
      returning w.deprecated_at is not null, \
      coalesce((select wf.enabled from pgflow.worker_functions wf where wf.function_name = w.function_name), true)";
 
+/// Routes of a flow with queued work and no live worker (`pgflow.queue_coverage`).
+pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_tasks \
+     from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
+
 /// Read and claim in one round trip.
 pub(crate) const READ_AND_START_TASKS: &str =
     "select run_id, step_slug, task_index, msg_id, input, flow_input, attempts_count \

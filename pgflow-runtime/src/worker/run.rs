@@ -61,6 +61,9 @@ pub(crate) async fn prepare<F: Flow>(worker: Worker<F>) -> Result<Ready<F>, Work
         batch_size = config.batch_size,
         "pgflow worker started"
     );
+    if let Mode::Step { .. } = mode {
+        log_uncovered_routes::<F>(&pool).await;
+    }
     Ok(Ready {
         pool,
         mode,
@@ -68,6 +71,24 @@ pub(crate) async fn prepare<F: Flow>(worker: Worker<F>) -> Result<Ready<F>, Work
         worker_id,
         prepared,
     })
+}
+
+/// Startup visibility of missing step workers: routes with queued work and no live worker.
+async fn log_uncovered_routes<F: Flow>(pool: &PgPool) {
+    let rows: Result<Vec<(String, String, i64)>, sqlx::Error> =
+        sqlx::query_as(sql::UNCOVERED_ROUTES)
+            .bind(F::SLUG)
+            .fetch_all(pool)
+            .await;
+    match rows {
+        Ok(rows) => {
+            for (step, queue, queued) in rows {
+                tracing::warn!(flow = F::SLUG, step = %step, queue = %queue, queued,
+                    "step has queued work and no live worker; its tasks wait until one starts");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot read pgflow.queue_coverage"),
+    }
 }
 
 fn step_of<S: FlowStep>(mode: Mode<S>) -> Option<&'static str> {
