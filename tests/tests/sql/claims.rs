@@ -45,7 +45,10 @@ async fn queued_tasks_are_claimed_with_the_step_timeout_visibility() {
     assert_eq!(task["task_index"], 0);
     assert_eq!(task["flow_input"], json!({"thread": 7}));
     assert_eq!(task["input"], json!({}));
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("started".into(), 1));
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("started".into(), 1)
+    );
     // Flow timeout 30 s + claim buffer 2 s.
     let vt = vt_of(pool, Q, msgs[0]).await;
     assert!((30.0..=32.5).contains(&vt), "{vt}");
@@ -63,7 +66,8 @@ async fn queued_tasks_are_claimed_with_the_step_timeout_visibility() {
 }
 
 #[tokio::test]
-async fn a_visible_message_of_a_started_task_is_deferred_to_the_recovery_boundary_without_an_attempt() {
+async fn a_visible_message_of_a_started_task_is_deferred_to_the_recovery_boundary_without_an_attempt(
+) {
     let db = test_db().await;
     let pool = db.pool();
     let worker = setup(pool).await;
@@ -80,7 +84,10 @@ async fn a_visible_message_of_a_started_task_is_deferred_to_the_recovery_boundar
     assert_eq!(result["outcome"], "claimed");
     assert!(result["tasks"].as_array().unwrap().is_empty());
     assert_eq!(ids(&result["deferred"]), msgs);
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("started".into(), 1));
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("started".into(), 1)
+    );
     // Hidden until started_at + 30 s timeout + 30 s stall buffer.
     let vt = vt_of(pool, Q, msgs[0]).await;
     assert!((58.0..=60.5).contains(&vt), "{vt}");
@@ -99,7 +106,10 @@ async fn a_visible_message_of_a_started_task_is_deferred_to_the_recovery_boundar
     let msgs = read(pool, Q, 10).await;
     let result = claim(pool, other, &msgs).await;
     assert_eq!(result["tasks"].as_array().unwrap().len(), 1);
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("started".into(), 2));
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("started".into(), 2)
+    );
 }
 
 #[tokio::test]
@@ -143,15 +153,28 @@ async fn a_mixed_supported_batch_claims_defers_and_archives_atomically() {
     assert_eq!(msgs.len(), 3);
     let result = claim(pool, worker, &msgs).await;
     assert_eq!(result["outcome"], "claimed");
-    assert_eq!(ids(&result["tasks"]), [task_msg(pool, queued, "classify").await]);
+    assert_eq!(
+        ids(&result["tasks"]),
+        [task_msg(pool, queued, "classify").await]
+    );
     assert_eq!(ids(&result["deferred"]), [m_started]);
-    assert_eq!(ids(&result["archived"]), [task_msg(pool, terminal, "classify").await]);
-    assert_eq!(task_state(pool, queued, "classify", 0).await, ("started".into(), 1));
-    assert_eq!(task_state(pool, started, "classify", 0).await, ("started".into(), 1));
+    assert_eq!(
+        ids(&result["archived"]),
+        [task_msg(pool, terminal, "classify").await]
+    );
+    assert_eq!(
+        task_state(pool, queued, "classify", 0).await,
+        ("started".into(), 1)
+    );
+    assert_eq!(
+        task_state(pool, started, "classify", 0).await,
+        ("started".into(), 1)
+    );
 }
 
 #[tokio::test]
-async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and_the_function_is_fenced() {
+async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and_the_function_is_fenced(
+) {
     let db = test_db().await;
     let pool = db.pool();
     let worker = setup(pool).await;
@@ -179,7 +202,10 @@ async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and
     assert_eq!(report["messages"][0]["reason"], "no_task");
     assert!(!report.to_string().contains("secret"), "no message bodies");
     // No mutation, no attempt, the batch visible again.
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("queued".into(), 0));
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("queued".into(), 0)
+    );
     for id in &msgs {
         assert!(vt_of(pool, Q, *id).await <= 0.0);
     }
@@ -198,9 +224,20 @@ async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and
         .await
         .unwrap();
     assert_eq!(tracked["enabled"], false);
-    assert!(tracked["disabled_reason"].as_str().unwrap().contains("unsupported_msg_ids"));
+    assert!(tracked["disabled_reason"]
+        .as_str()
+        .unwrap()
+        .contains("unsupported_msg_ids"));
     let restarted = Uuid::new_v4();
-    let state = register(pool, restarted, "comm-classify", Q, "comm", Some("classify")).await;
+    let state = register(
+        pool,
+        restarted,
+        "comm-classify",
+        Q,
+        "comm",
+        Some("classify"),
+    )
+    .await;
     assert_eq!(state["enabled"], false);
     let beat: Value = sqlx::query_scalar("select pgflow.worker_heartbeat($1)")
         .bind(worker)
@@ -211,10 +248,17 @@ async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and
     let run_msg = task_msg(pool, run, "classify").await;
     let result = claim(pool, restarted, &[run_msg]).await;
     assert_eq!(result["outcome"], "disabled");
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("queued".into(), 0));
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("queued".into(), 0)
+    );
 
     // An operator lifts the fence after removing the foreign message.
-    exec(pool, &format!("select pgmq.delete('comm__classify', {foreign}::bigint)")).await;
+    exec(
+        pool,
+        &format!("select pgmq.delete('comm__classify', {foreign}::bigint)"),
+    )
+    .await;
     let state: Value = sqlx::query_scalar("select pgflow.enable_worker_function('comm-classify')")
         .fetch_one(pool)
         .await
@@ -234,10 +278,21 @@ async fn tasks_of_another_step_or_another_queue_are_unsupported() {
     // A classify message read from the classify queue by a worker subscribed to "deliver".
     let msgs = read(pool, Q, 10).await;
     let deliver = Uuid::new_v4();
-    register(pool, deliver, "comm-deliver", "comm__deliver", "comm", Some("deliver")).await;
+    register(
+        pool,
+        deliver,
+        "comm-deliver",
+        "comm__deliver",
+        "comm",
+        Some("deliver"),
+    )
+    .await;
     let result = claim_tasks(pool, Q, "comm", Some("deliver"), &msgs, deliver).await;
     assert_eq!(result["outcome"], "unsupported");
-    assert_eq!(result["unsupported"]["messages"][0]["reason"], "unsupported_route");
+    assert_eq!(
+        result["unsupported"]["messages"][0]["reason"],
+        "unsupported_route"
+    );
     assert_eq!(result["unsupported"]["steps"], json!(["classify"]));
 
     // A copy of the classify message sent to the deliver queue: its task lives in another queue.
@@ -248,10 +303,24 @@ async fn tasks_of_another_step_or_another_queue_are_unsupported() {
     .fetch_one(pool)
     .await
     .unwrap();
-    let result = claim_tasks(pool, "comm__deliver", "comm", Some("deliver"), &[copy], deliver).await;
+    let result = claim_tasks(
+        pool,
+        "comm__deliver",
+        "comm",
+        Some("deliver"),
+        &[copy],
+        deliver,
+    )
+    .await;
     assert_eq!(result["outcome"], "unsupported");
-    assert_eq!(result["unsupported"]["messages"][0]["reason"], "wrong_queue");
-    assert_eq!(task_state(pool, run, "classify", 0).await, ("queued".into(), 0));
+    assert_eq!(
+        result["unsupported"]["messages"][0]["reason"],
+        "wrong_queue"
+    );
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("queued".into(), 0)
+    );
 
     // The right worker still claims it.
     let result = claim(pool, worker, &msgs).await;
@@ -286,7 +355,10 @@ async fn plain_flows_use_a_subscription_covering_every_step_of_their_queue() {
     let result = claim_tasks(pool, "other", "plain", None, &other_msgs, worker).await;
     assert_eq!(result["outcome"], "unsupported");
     assert_eq!(result["unsupported"]["flows"], json!(["other"]));
-    assert_eq!(task_state(pool, other_run, "x", 0).await, ("queued".into(), 0));
+    assert_eq!(
+        task_state(pool, other_run, "x", 0).await,
+        ("queued".into(), 0)
+    );
 }
 
 #[tokio::test]
@@ -305,9 +377,17 @@ async fn registration_rejects_a_subscription_that_does_not_match_the_persisted_r
         e.detail.as_deref(),
         Some("The persisted route of the subscription is the queue \"comm__classify\".")
     );
-    let e = db_error(try_register(pool, w, "f", Q, "comm", None).await.unwrap_err());
+    let e = db_error(
+        try_register(pool, w, "f", Q, "comm", None)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, "PF020");
-    let e = db_error(try_register(pool, w, "f", Q, "nope", Some("classify")).await.unwrap_err());
+    let e = db_error(
+        try_register(pool, w, "f", Q, "nope", Some("classify"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(e.code, "PF020");
     let (flow, step, queue): (Option<String>, Option<String>, String) = sqlx::query_as(
         "select flow_slug, step_slug, queue_name from pgflow.workers where function_name = 'comm-classify'",

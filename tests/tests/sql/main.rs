@@ -2,9 +2,11 @@
 //!
 //! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
 
+mod claims;
 mod compile;
 mod concurrency;
 mod conditions;
+mod coverage;
 mod events;
 mod flow_shapes;
 mod hardening;
@@ -15,4 +17,3 @@ mod retries;
 mod step_queues;
 mod step_support;
 mod support;
-mod claims;
