@@ -3,17 +3,19 @@
 use std::any::type_name;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::Value;
-use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Postgres};
+use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 use crate::flow::Flow;
 use crate::statements as sql;
+use crate::watch::Hub;
 
 /// An error starting a run or reading one.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +165,7 @@ where
 pub struct Client {
     pool: PgPool,
     poll_fallback: Duration,
+    hub: Arc<OnceCell<Option<Hub>>>,
 }
 
 impl fmt::Debug for Client {
@@ -179,6 +182,7 @@ impl Client {
         Client {
             pool,
             poll_fallback: Duration::from_millis(500),
+            hub: Arc::new(OnceCell::new()),
         }
     }
 
@@ -242,7 +246,9 @@ impl Client {
     ///
     /// Woken by the run's notifications (`LISTEN pgflow_run_<id>`; `run:*` events are on by
     /// default), with a re-read every poll-fallback period in case a notification is missed or
-    /// listening is impossible (for example behind a transaction pooler).
+    /// listening is impossible (for example behind a transaction pooler). All waits of one
+    /// client (and its clones) share one listening connection, taken from the pool on the first
+    /// wait and kept while the client lives.
     ///
     /// # Errors
     ///
@@ -273,18 +279,18 @@ impl Client {
     pub async fn wait_json(&self, run_id: Uuid, timeout: Duration) -> Result<Value, WaitError> {
         let started = Instant::now();
         let deadline = started + timeout;
-        let mut listener = match PgListener::connect_with(&self.pool).await {
-            Ok(mut l) => match l.listen(&sql::run_channel(run_id)).await {
-                Ok(()) => Some(l),
-                Err(e) => {
-                    tracing::debug!(%run_id, error = %e, "cannot LISTEN; polling");
-                    None
-                }
-            },
-            Err(e) => {
-                tracing::debug!(%run_id, error = %e, "cannot LISTEN; polling");
-                None
-            }
+        let hub = self
+            .hub
+            .get_or_init(|| async {
+                Hub::start(&self.pool)
+                    .await
+                    .map_err(|e| tracing::debug!(error = %e, "cannot LISTEN; waits poll"))
+                    .ok()
+            })
+            .await;
+        let subscription = match hub {
+            Some(hub) => hub.subscribe(run_id).await,
+            None => None,
         };
         loop {
             if let Some(output) = self.outcome(run_id).await? {
@@ -298,12 +304,9 @@ impl Client {
                 });
             }
             let nap = self.poll_fallback.min(deadline - now);
-            match listener.as_mut() {
-                Some(l) => {
-                    if let Ok(Err(e)) = tokio::time::timeout(nap, l.recv()).await {
-                        tracing::debug!(%run_id, error = %e, "listener failed; polling");
-                        listener = None;
-                    }
+            match &subscription {
+                Some(sub) => {
+                    let _ = tokio::time::timeout(nap, sub.notified()).await;
                 }
                 None => tokio::time::sleep(nap).await,
             }

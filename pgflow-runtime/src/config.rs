@@ -29,7 +29,7 @@ pub enum Compilation {
 /// | `shutdown_grace` | 30 s | how long in-flight handlers may finish after shutdown is requested |
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
 /// | `stalled_recovery_interval` | 15 s (`Some`) | how often `requeue_stalled_tasks` runs (one worker at a time) |
-/// | `poll_error_backoff_max` | 30 s | longest wait after repeated database errors while polling |
+/// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling |
 /// | `completion_batch_size` | 64 | most outputs recorded in one `complete_tasks` call |
 /// | `completion_flushers` | 2 | `complete_tasks` calls in flight at once |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
@@ -85,7 +85,7 @@ impl Default for WorkerConfig {
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(2),
             stalled_recovery_interval: Some(Duration::from_secs(15)),
-            poll_error_backoff_max: Duration::from_secs(30),
+            poll_error_backoff_max: Duration::from_secs(5),
             completion_batch_size: 64,
             completion_flushers: 2,
             worker_name: None,

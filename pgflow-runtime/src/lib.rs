@@ -60,6 +60,7 @@ pub mod queue_names;
 #[path = "sql.rs"]
 mod statements;
 pub mod step_queued;
+mod watch;
 pub mod worker;
 
 #[doc(hidden)]

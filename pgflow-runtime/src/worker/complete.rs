@@ -12,6 +12,10 @@ use uuid::Uuid;
 
 use crate::statements as sql;
 
+/// How many times an outcome is sent before it is left to stalled recovery (backoff 0.1 s doubling to
+/// 5 s: about a minute in all, enough to ride out a database restart).
+pub(crate) const RECORD_ATTEMPTS: u32 = 16;
+
 /// One finished task's output.
 pub(crate) struct Completion {
     pub(crate) run_id: Uuid,
@@ -135,10 +139,10 @@ async fn complete_one(pool: &PgPool, c: &Completion) -> Result<(), sqlx::Error> 
 /// Tries a few times with backoff; an output that cannot be recorded is left to stalled recovery.
 async fn complete_with_retries(pool: &PgPool, c: &Completion) -> bool {
     let mut delay = Duration::from_millis(100);
-    for attempt in 1..=6 {
+    for attempt in 1..=RECORD_ATTEMPTS {
         match complete_one(pool, c).await {
             Ok(()) => return true,
-            Err(e) if attempt < 6 => {
+            Err(e) if attempt < RECORD_ATTEMPTS => {
                 tracing::warn!(run_id = %c.run_id, step = c.step_slug, task_index = c.task_index,
                     msg_id = c.msg_id, attempt, error = %e, "recording a completion failed; retrying");
                 tokio::time::sleep(delay).await;

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use super::complete::Completion;
+use super::complete::{Completion, RECORD_ATTEMPTS};
 use super::run::Shared;
 use crate::context::{StepContext, StepContextParts};
 use crate::error::StepError;
@@ -153,7 +153,7 @@ async fn record_failure<F: Flow>(
 ) {
     let delay_secs = retry_after.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
     let mut backoff = Duration::from_millis(100);
-    for attempt in 1..=6 {
+    for attempt in 1..=RECORD_ATTEMPTS {
         let result: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(sql::FAIL_TASK)
             .bind(task.run_id)
             .bind(step_slug)
@@ -179,7 +179,7 @@ async fn record_failure<F: Flow>(
                 }
                 return;
             }
-            Err(e) if attempt < 6 => {
+            Err(e) if attempt < RECORD_ATTEMPTS => {
                 tracing::warn!(error = %e, attempt, "recording a task failure failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -106,7 +106,7 @@ impl<F: Flow> WorkerBuilder<F> {
         cancel_grace: Duration,
         /// Stalled-task recovery period, `None` to leave it to others (default 15 s).
         stalled_recovery_interval: Option<Duration>,
-        /// Cap of the backoff after poll errors (default 30 s).
+        /// Cap of the backoff after poll errors (default 5 s).
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per `complete_tasks` call (default 64).
         completion_batch_size: usize,

@@ -18,6 +18,7 @@ pub(crate) fn fast<F: Flow>(b: WorkerBuilder<F>) -> WorkerBuilder<F> {
         .shutdown_grace(Duration::from_secs(5))
         .cancel_grace(Duration::from_millis(500))
         .stalled_recovery_interval(Some(Duration::from_millis(500)))
+        .poll_error_backoff_max(Duration::from_millis(500))
 }
 
 /// A running worker (startup finished: the flow is compiled, the worker registered).
