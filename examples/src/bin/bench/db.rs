@@ -1,0 +1,278 @@
+//! The benchmark's database: one durable server, one database, helpers shared by every scenario.
+
+use std::time::Duration;
+
+use pgflow_sql::throwaway::{Durability, TempPostgres};
+use serde_json::{json, Value};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::BenchError;
+
+/// The server and the benchmark's own database on it.
+pub(crate) struct BenchDb {
+    /// Keeps the throwaway cluster alive (removed on drop or exit).
+    _temp: Option<TempPostgres>,
+    pub(crate) options: PgConnectOptions,
+    pub(crate) pool: PgPool,
+    pub(crate) server_version: String,
+    pub(crate) settings: String,
+}
+
+impl BenchDb {
+    /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
+    /// PGMQ and pgflow installed.
+    pub(crate) async fn open() -> Result<Self, BenchError> {
+        let (temp, admin) = match std::env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => (None, url.parse::<PgConnectOptions>()?),
+            _ => {
+                let temp = TempPostgres::start(Durability::Durable).await?;
+                let admin = temp.url("postgres").parse::<PgConnectOptions>()?;
+                (Some(temp), admin)
+            }
+        };
+        let admin = admin.disable_statement_logging();
+        let name = format!("pgflow_bench_{:08x}", std::process::id());
+        let mut conn = PgConnection::connect_with(&admin).await?;
+        sqlx::query(&format!("drop database if exists \"{name}\" with (force)"))
+            .execute(&mut conn)
+            .await?;
+        sqlx::query(&format!("create database \"{name}\""))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        let options = admin.database(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options.clone())
+            .await?;
+        pgflow_sql::install(&pool).await?;
+        let server_version: String = sqlx::query_scalar("select version()")
+            .fetch_one(&pool)
+            .await?;
+        let settings: String = sqlx::query_scalar(
+            "select string_agg(name || '=' || setting, ', ' order by name) from pg_settings \
+             where name in ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'max_connections')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        Ok(BenchDb {
+            _temp: temp,
+            options,
+            pool,
+            server_version,
+            settings,
+        })
+    }
+
+    /// A connection of its own (one per benchmark client).
+    pub(crate) async fn connect(&self) -> Result<PgConnection, sqlx::Error> {
+        PgConnection::connect_with(&self.options).await
+    }
+
+    /// Vacuums and analyses the database so one scenario's dead rows do not slow the next.
+    pub(crate) async fn settle(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("vacuum (analyze)").execute(&self.pool).await?;
+        sqlx::query("checkpoint").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Compiles a flow from its shape JSON.
+    pub(crate) async fn compile(&self, slug: &str, shape: &Value) -> Result<(), BenchError> {
+        let result: Value = sqlx::query_scalar("select pgflow.ensure_flow_compiled($1, $2)")
+            .bind(slug)
+            .bind(shape)
+            .fetch_one(&self.pool)
+            .await?;
+        match result["status"].as_str() {
+            Some("compiled" | "verified") => Ok(()),
+            _ => Err(BenchError::Invalid(format!(
+                "ensure_flow_compiled({slug}) returned {result}"
+            ))),
+        }
+    }
+
+    /// Registers a worker row (the claim records the worker id).
+    pub(crate) async fn register_worker(&self, queue: &str) -> Result<Uuid, sqlx::Error> {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, $2, 'bench')",
+        )
+        .bind(id)
+        .bind(queue)
+        .execute(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    /// Starts `runs` runs of `slug` with `input`, in statements of up to 200 runs.
+    pub(crate) async fn start_runs(
+        &self,
+        slug: &str,
+        input: &Value,
+        runs: usize,
+    ) -> Result<(), sqlx::Error> {
+        let mut left = runs;
+        while left > 0 {
+            let n = left.min(200);
+            sqlx::query(
+                "select count(*) from (select pgflow.start_flow($1, $2) from generate_series(1, $3)) r",
+            )
+            .bind(slug)
+            .bind(input)
+            .bind(n as i32)
+            .execute(&self.pool)
+            .await?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// Fails the benchmark unless every run of `slug` completed, and returns how many there were.
+    pub(crate) async fn verify_completed(&self, slug: &str) -> Result<i64, BenchError> {
+        let (total, not_completed): (i64, i64) = sqlx::query_as(
+            "select count(*), count(*) filter (where status <> 'completed') from pgflow.runs where flow_slug = $1",
+        )
+        .bind(slug)
+        .fetch_one(&self.pool)
+        .await?;
+        if not_completed > 0 {
+            return Err(BenchError::Invalid(format!(
+                "flow {slug}: {not_completed} of {total} runs did not complete; the benchmark is invalid"
+            )));
+        }
+        Ok(total)
+    }
+
+    /// A summary of where the runs of `slug` are stuck (for an invalid benchmark's error).
+    pub(crate) async fn dump_state(&self, slug: &str) -> Result<String, sqlx::Error> {
+        let summary: Option<String> = sqlx::query_scalar(
+            "select string_agg(what, '; ') from ( \
+               select 'runs ' || status || ': ' || count(*) as what from pgflow.runs where flow_slug = $1 group by status \
+               union all select 'steps ' || step_slug || ' ' || status || ': ' || count(*) from pgflow.step_states \
+                 where flow_slug = $1 group by step_slug, status \
+               union all select 'tasks ' || step_slug || ' ' || status || ': ' || count(*) from pgflow.step_tasks \
+                 where flow_slug = $1 group by step_slug, status \
+               union all select 'started steps with remaining_tasks = 0: ' || count(*) from pgflow.step_states \
+                 where flow_slug = $1 and status = 'started' and remaining_tasks = 0 \
+             ) x",
+        )
+        .bind(slug)
+        .fetch_one(&self.pool)
+        .await?;
+        let queue: (i64, i64) = sqlx::query_as(&format!(
+            "select count(*) filter (where vt <= now()), count(*) filter (where vt > now()) from pgmq.\"q_{}\"",
+            slug.to_lowercase()
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(format!(
+            "{}; queue visible {}, invisible {}",
+            summary.unwrap_or_default(),
+            queue.0,
+            queue.1
+        ))
+    }
+
+    /// Number of completed runs of `slug`.
+    pub(crate) async fn completed_runs(&self, slug: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(
+            "select count(*) from pgflow.runs where flow_slug = $1 and status = 'completed'",
+        )
+        .bind(slug)
+        .fetch_one(&self.pool)
+        .await
+    }
+
+    /// p50 and p99 start-to-finish latency (ms) of the completed runs of `slug`, from the database's
+    /// own timestamps.
+    pub(crate) async fn run_latency(&self, slug: &str) -> Result<(f64, f64), sqlx::Error> {
+        let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
+            "select percentile_cont(0.5) within group (order by ms), percentile_cont(0.99) within group (order by ms) \
+             from (select extract(epoch from completed_at - started_at) * 1000 as ms \
+                   from pgflow.runs where flow_slug = $1 and status = 'completed') x",
+        )
+        .bind(slug)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
+    }
+}
+
+/// The flows the benchmark runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BenchFlow {
+    /// `a → (b, c) → d`, four tasks per run.
+    Diamond,
+    /// One root map step over a ten-element array, ten tasks per run.
+    Map10,
+}
+
+impl BenchFlow {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            BenchFlow::Diamond => "diamond",
+            BenchFlow::Map10 => "map10",
+        }
+    }
+
+    pub(crate) fn tasks_per_run(self) -> usize {
+        match self {
+            BenchFlow::Diamond => 4,
+            BenchFlow::Map10 => 10,
+        }
+    }
+
+    pub(crate) fn shape(self) -> Value {
+        match self {
+            BenchFlow::Diamond => json!({ "steps": [
+                step("a", "single", &[]),
+                step("b", "single", &["a"]),
+                step("c", "single", &["a"]),
+                step("d", "single", &["b", "c"]),
+            ]}),
+            BenchFlow::Map10 => json!({ "steps": [step("double", "map", &[])] }),
+        }
+    }
+
+    pub(crate) fn input(self) -> Value {
+        match self {
+            BenchFlow::Diamond => json!({ "n": 1 }),
+            BenchFlow::Map10 => json!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
+        }
+    }
+
+    /// What the benchmark's handlers return (trivial work: the benchmark measures the engine).
+    pub(crate) fn handle(step_slug: &str, input: &Value) -> Value {
+        match step_slug {
+            "a" => json!(1),
+            "b" | "c" => json!(input["a"].as_i64().unwrap_or(0) + 1),
+            "d" => json!(input["b"].as_i64().unwrap_or(0) + input["c"].as_i64().unwrap_or(0)),
+            _ => json!(input.as_i64().unwrap_or(0) * 2),
+        }
+    }
+}
+
+fn step(slug: &str, step_type: &str, dependencies: &[&str]) -> Value {
+    json!({
+        "slug": slug,
+        "stepType": step_type,
+        "dependencies": dependencies,
+        "whenUnmet": "skip",
+        "whenExhausted": "fail",
+        "requiredInputPattern": { "defined": false },
+        "forbiddenInputPattern": { "defined": false },
+    })
+}
+
+impl BenchFlow {
+    /// The concrete flow slug (its queue is the lower-cased slug).
+    pub(crate) fn slug(self) -> &'static str {
+        match self {
+            BenchFlow::Diamond => "benchDiamond",
+            BenchFlow::Map10 => "benchMap10",
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! The pgflow-rs benchmark: raw PGMQ floor, the SQL core driven upstream-style, and the pgflow-rs
+//! workers, all in one run on one durable database.
+//!
+//! `cargo run --release -p pgflow-examples --bin bench [-- --seconds 5 --tasks 6000 --k 1,4,16]`
+//!
+//! With `DATABASE_URL` unset it starts a throwaway PostgreSQL with the production defaults (`fsync`
+//! and `synchronous_commit` on); with it set, it creates a database of its own on that server. It
+//! prints a markdown table; every figure is also given as a ratio to the raw PGMQ floor measured in
+//! the same run at the same concurrency. A run that does not complete makes the benchmark invalid:
+//! the process then exits non-zero.
+
+mod db;
+mod floor;
+mod sql_driver;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use db::{BenchDb, BenchFlow};
+use floor::FloorKind;
+
+/// Why the benchmark could not produce valid figures.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BenchError {
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("{0}")]
+    Throwaway(#[from] pgflow_sql::throwaway::ThrowawayError),
+    #[error("install: {0}")]
+    Install(#[from] pgflow_sql::InstallError),
+    #[error("invalid benchmark: {0}")]
+    Invalid(String),
+}
+
+/// Command-line settings.
+#[derive(Debug, Clone)]
+struct Args {
+    /// Seconds per raw PGMQ scenario.
+    seconds: f64,
+    /// Tasks per drain scenario (runs = tasks / tasks per run).
+    tasks: usize,
+    /// Concurrency levels.
+    ks: Vec<usize>,
+    /// Seconds of arrivals in the latency scenarios.
+    latency_seconds: f64,
+    /// Run only the scenarios whose label contains one of these (all when empty).
+    only: Vec<String>,
+}
+
+impl Args {
+    /// Whether a scenario whose tags are `tags` runs.
+    fn wants(&self, tags: &[&str]) -> bool {
+        self.only.is_empty() || self.only.iter().all(|o| tags.contains(&o.as_str()))
+    }
+
+    fn parse() -> Result<Self, String> {
+        let mut args = Args {
+            seconds: 5.0,
+            tasks: 6000,
+            ks: vec![1, 4, 16],
+            latency_seconds: 8.0,
+            only: Vec::new(),
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--seconds" => {
+                    args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
+                }
+                "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
+                "--latency-seconds" => {
+                    args.latency_seconds = value()?
+                        .parse()
+                        .map_err(|e| format!("--latency-seconds: {e}"))?;
+                }
+                "--k" => {
+                    args.ks = value()?
+                        .split(',')
+                        .map(|k| k.trim().parse::<usize>().map_err(|e| format!("--k: {e}")))
+                        .collect::<Result<_, _>>()?;
+                }
+                "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
+                "-h" | "--help" => {
+                    return Err(
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--only floor,sql,worker,latency,starvation,diamond,map10]"
+                            .into(),
+                    )
+                }
+                other => return Err(format!("unknown flag {other}; try --help")),
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// Who executes the tasks.
+#[derive(Debug, Clone, Copy)]
+enum Driver {
+    /// `k` upstream-style clients (read → start_tasks → complete_task per task), one connection each.
+    SqlUpstreamStyle { k: usize },
+}
+
+impl Driver {
+    fn label(self) -> String {
+        match self {
+            Driver::SqlUpstreamStyle { .. } => "SQL core, upstream-style driver".into(),
+        }
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            Driver::SqlUpstreamStyle { .. } => "sql",
+        }
+    }
+
+    fn k(self) -> usize {
+        match self {
+            Driver::SqlUpstreamStyle { k } => k,
+        }
+    }
+
+    /// Starts executing tasks of `flow` until `stop` fires.
+    async fn spawn(
+        self,
+        db: &BenchDb,
+        flow: BenchFlow,
+        stop: CancellationToken,
+    ) -> Result<tokio::task::JoinSet<Result<(), BenchError>>, BenchError> {
+        let slug = flow.slug();
+        let mut set = tokio::task::JoinSet::new();
+        match self {
+            Driver::SqlUpstreamStyle { k } => {
+                for _ in 0..k {
+                    let conn = db.connect().await?;
+                    let worker_id = db.register_worker(&slug.to_lowercase()).await?;
+                    let stop = stop.clone();
+                    set.spawn(async move {
+                        sql_driver::client(conn, slug.to_string(), worker_id, stop)
+                            .await
+                            .map_err(BenchError::from)
+                    });
+                }
+            }
+        }
+        Ok(set)
+    }
+}
+
+/// One line of the results table.
+#[derive(Debug, Clone)]
+struct Row {
+    what: String,
+    k: usize,
+    value: f64,
+    unit: &'static str,
+    extra: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match Args::parse() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), BenchError> {
+    let started = Instant::now();
+    let db = BenchDb::open().await?;
+    eprintln!("server: {}", db.server_version);
+    eprintln!("settings: {}", db.settings);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut invalid: Vec<String> = Vec::new();
+    let seconds = Duration::from_secs_f64(args.seconds);
+
+    // The floor.
+    for kind in [
+        FloorKind::Pipeline,
+        FloorKind::Relay,
+        FloorKind::RelayBatched,
+    ] {
+        for &k in &args.ks {
+            db.settle().await?;
+            let rate = floor::run(&db, kind, k, seconds).await?;
+            eprintln!("{} K={k}: {rate:.0} msg/s", kind.label());
+            rows.push(Row {
+                what: kind.label().into(),
+                k,
+                value: rate,
+                unit: "msg/s",
+                extra: String::new(),
+            });
+        }
+    }
+    let floor_at = |rows: &[Row], k: usize| {
+        rows.iter()
+            .find(|r| r.k == k && r.what == FloorKind::Pipeline.label())
+            .map(|r| r.value)
+    };
+
+    // Drain throughput.
+    for flow in [BenchFlow::Diamond, BenchFlow::Map10] {
+        for &k in &args.ks {
+            let driver = Driver::SqlUpstreamStyle { k };
+            if !args.wants(&["sql", flow.name()]) {
+                continue;
+            }
+            let row = drain(&db, flow, driver, args.tasks).await;
+            record(
+                &db,
+                &mut rows,
+                &mut invalid,
+                row,
+                drain_label(flow, driver),
+                k,
+                flow,
+            )
+            .await?;
+        }
+    }
+
+    // Latency at half the drain throughput, with the highest concurrency.
+    let k_max = args.ks.iter().copied().max().unwrap_or(1);
+    for driver in [Driver::SqlUpstreamStyle { k: k_max }] {
+        let flow = BenchFlow::Diamond;
+        if !args.wants(&["latency", driver.tag(), flow.name()]) {
+            continue;
+        }
+        let drained = rows
+            .iter()
+            .find(|r| r.k == k_max && r.what == drain_label(flow, driver))
+            .map_or(100.0, |r| r.value);
+        let rate = drained / flow.tasks_per_run() as f64 / 2.0;
+        let row = latency(
+            &db,
+            flow,
+            driver,
+            rate,
+            Duration::from_secs_f64(args.latency_seconds),
+        )
+        .await;
+        let label = format!("{}: {} latency", driver.label(), flow.name());
+        record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+    }
+
+    print_table(&db, args, &rows, floor_at, started.elapsed());
+    if invalid.is_empty() {
+        Ok(())
+    } else {
+        Err(BenchError::Invalid(format!(
+            "{} scenario(s) lost runs:\n- {}",
+            invalid.len(),
+            invalid.join("\n- ")
+        )))
+    }
+}
+
+/// Adds a scenario's row; an invalid scenario (lost runs) is recorded, its data removed, and the
+/// benchmark goes on so one run shows every figure (it still exits non-zero at the end).
+async fn record(
+    db: &BenchDb,
+    rows: &mut Vec<Row>,
+    invalid: &mut Vec<String>,
+    row: Result<Row, BenchError>,
+    label: String,
+    k: usize,
+    flow: BenchFlow,
+) -> Result<(), BenchError> {
+    match row {
+        Ok(row) => {
+            eprintln!(
+                "{} K={}: {:.0} {}; {}",
+                row.what, row.k, row.value, row.unit, row.extra
+            );
+            rows.push(row);
+        }
+        Err(BenchError::Invalid(message)) => {
+            eprintln!("{label} K={k}: INVALID: {message}");
+            invalid.push(format!("{label} K={k}: {message}"));
+            rows.push(Row {
+                what: label,
+                k,
+                value: f64::NAN,
+                unit: "INVALID",
+                extra: message,
+            });
+            cleanup(db, flow.slug()).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+fn drain_label(flow: BenchFlow, driver: Driver) -> String {
+    format!("{}: {} drain", driver.label(), flow.name())
+}
+
+/// Starts `tasks / tasks_per_run` runs at once, then lets `driver` drain them; tasks per second from the
+/// first claim to the last run's completion (database clock).
+async fn drain(
+    db: &BenchDb,
+    flow: BenchFlow,
+    driver: Driver,
+    tasks: usize,
+) -> Result<Row, BenchError> {
+    let slug = flow.slug();
+    db.compile(slug, &flow.shape()).await?;
+    let runs = tasks.div_ceil(flow.tasks_per_run());
+    db.start_runs(slug, &flow.input(), runs).await?;
+    db.settle().await?;
+    let t0: chrono_like::Ts =
+        sqlx::query_scalar("select extract(epoch from clock_timestamp())::float8")
+            .fetch_one(&db.pool)
+            .await?;
+    let stop = CancellationToken::new();
+    let mut set = driver.spawn(db, flow, stop.clone()).await?;
+    let limit = Instant::now() + Duration::from_secs(120);
+    let (mut last_open, mut last_change) = (i64::MAX, Instant::now());
+    let outcome = loop {
+        if let Some(Ok(Err(e))) = set.try_join_next() {
+            break Err(e);
+        }
+        let open: i64 = sqlx::query_scalar(
+            "select count(*) from pgflow.runs where flow_slug = $1 and status = 'started'",
+        )
+        .bind(slug)
+        .fetch_one(&db.pool)
+        .await?;
+        if open == 0 {
+            break Ok(());
+        }
+        if open != last_open {
+            (last_open, last_change) = (open, Instant::now());
+        } else if last_change.elapsed() > Duration::from_secs(20) {
+            let state = db.dump_state(slug).await?;
+            break Err(BenchError::Invalid(format!(
+                "{open} runs made no progress for 20 s; {state}"
+            )));
+        }
+        if Instant::now() > limit {
+            let state = db.dump_state(slug).await?;
+            break Err(BenchError::Invalid(format!(
+                "{}: {open} runs still open after 120 s; {state}",
+                drain_label(flow, driver)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop.cancel();
+    while let Some(joined) = set.join_next().await {
+        joined.map_err(|e| BenchError::Invalid(format!("driver panicked: {e}")))??;
+    }
+    outcome?;
+    let completed = db.verify_completed(slug).await?;
+    if completed != runs as i64 {
+        return Err(BenchError::Invalid(format!(
+            "{slug}: {completed} runs, expected {runs}"
+        )));
+    }
+    let elapsed: f64 = sqlx::query_scalar(
+        "select extract(epoch from max(completed_at))::float8 - $2 from pgflow.runs where flow_slug = $1",
+    )
+    .bind(slug)
+    .bind(t0)
+    .fetch_one(&db.pool)
+    .await?;
+    let (p50, p99) = db.run_latency(slug).await?;
+    cleanup(db, slug).await?;
+    let total_tasks = runs * flow.tasks_per_run();
+    Ok(Row {
+        what: drain_label(flow, driver),
+        k: driver.k(),
+        value: total_tasks as f64 / elapsed,
+        unit: "tasks/s",
+        extra: format!(
+            "{runs} runs, {total_tasks} tasks in {elapsed:.2} s; {:.0} runs/s (run latency in a bulk drain: p50 {p50:.0} ms, p99 {p99:.0} ms)",
+            runs as f64 / elapsed
+        ),
+    })
+}
+
+/// Starts runs at `rate` per second for `duration` while `driver` executes them; reports runs/s and the
+/// p50/p99 start-to-finish latency from the database's timestamps.
+async fn latency(
+    db: &BenchDb,
+    flow: BenchFlow,
+    driver: Driver,
+    rate: f64,
+    duration: Duration,
+) -> Result<Row, BenchError> {
+    let slug = flow.slug();
+    db.compile(slug, &flow.shape()).await?;
+    db.settle().await?;
+    let stop = CancellationToken::new();
+    let mut set = driver.spawn(db, flow, stop.clone()).await?;
+    let input = flow.input();
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while started.elapsed() < duration {
+        tick.tick().await;
+        let owed = (started.elapsed().as_secs_f64() * rate) as usize;
+        if owed > sent {
+            db.start_runs(slug, &input, owed - sent).await?;
+            sent = owed;
+        }
+    }
+    let limit = Instant::now() + Duration::from_secs(120);
+    let outcome = loop {
+        if db.completed_runs(slug).await? as usize >= sent {
+            break Ok(());
+        }
+        if let Some(Ok(Err(e))) = set.try_join_next() {
+            break Err(e);
+        }
+        if Instant::now() > limit {
+            break Err(BenchError::Invalid(format!(
+                "{slug}: runs still open 120 s after the last arrival"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop.cancel();
+    while let Some(joined) = set.join_next().await {
+        joined.map_err(|e| BenchError::Invalid(format!("driver panicked: {e}")))??;
+    }
+    outcome?;
+    let completed = db.verify_completed(slug).await?;
+    let (p50, p99) = db.run_latency(slug).await?;
+    cleanup(db, slug).await?;
+    Ok(Row {
+        what: format!("{}: {} latency at {rate:.0} runs/s", driver.label(), flow.name()),
+        k: driver.k(),
+        value: p50,
+        unit: "ms p50",
+        extra: format!(
+            "{completed} runs at {:.0} runs/s offered; p50 {p50:.0} ms, p99 {p99:.0} ms start to finish",
+            completed as f64 / duration.as_secs_f64()
+        ),
+    })
+}
+
+async fn cleanup(db: &BenchDb, slug: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("select pgflow.delete_flow_and_data($1)")
+        .bind(slug)
+        .execute(&db.pool)
+        .await?;
+    Ok(())
+}
+
+fn print_table(
+    db: &BenchDb,
+    args: &Args,
+    rows: &[Row],
+    floor_at: impl Fn(&[Row], usize) -> Option<f64>,
+    elapsed: Duration,
+) {
+    println!("## pgflow-rs benchmark\n");
+    println!("- server: {}", db.server_version);
+    println!("- settings: {}", db.settings);
+    println!(
+        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {}; whole run {:.0} s\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        args.seconds,
+        args.tasks,
+        args.ks,
+        args.latency_seconds,
+        elapsed.as_secs_f64()
+    );
+    println!("| scenario | K | result | ratio to floor (same K) | notes |");
+    println!("|---|---:|---:|---:|---|");
+    for row in rows {
+        let ratio = if row.unit.ends_with("/s") {
+            floor_at(rows, row.k).map_or("".into(), |f| format!("{:.2}", row.value / f))
+        } else {
+            String::new()
+        };
+        println!(
+            "| {} | {} | {:.0} {} | {} | {} |",
+            row.what, row.k, row.value, row.unit, ratio, row.extra
+        );
+    }
+}
+
+/// The database clock as seconds since the epoch.
+mod chrono_like {
+    pub(crate) type Ts = f64;
+}
