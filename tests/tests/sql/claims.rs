@@ -448,3 +448,87 @@ async fn a_run_spanning_several_queues_archives_cancels_and_skips_in_every_queue
         assert_eq!(archived_messages(pool, queue).await, 2, "{queue}");
     }
 }
+
+#[tokio::test]
+async fn claim_and_deferral_visibility_use_the_effective_step_timeout() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let mut quick = step("quick", &[]);
+    quick["options"] = json!({"timeout": 10});
+    compile(pool, "timed", &shape(vec![quick]), "step").await;
+    let worker = Uuid::new_v4();
+    register(
+        pool,
+        worker,
+        "timed",
+        "timed__quick",
+        "timed",
+        Some("quick"),
+    )
+    .await;
+    start(pool, "timed", json!({})).await;
+    let msgs = read(pool, "timed__quick", 1).await;
+    claim_tasks(pool, "timed__quick", "timed", Some("quick"), &msgs, worker).await;
+    // Step timeout 10 s + claim buffer 2 s (not the flow's 30 s).
+    let vt = seconds_until_visible(pool, "timed__quick", msgs[0]).await;
+    assert!((10.0..=12.5).contains(&vt), "{vt}");
+    make_visible(pool, "timed__quick").await;
+    let again = read(pool, "timed__quick", 1).await;
+    let result = claim_tasks(pool, "timed__quick", "timed", Some("quick"), &again, worker).await;
+    assert_eq!(ids(&result["deferred"]), msgs);
+    // Step timeout 10 s + stall buffer 30 s: the moment requeue_stalled_tasks() may requeue it.
+    let vt = seconds_until_visible(pool, "timed__quick", msgs[0]).await;
+    assert!((38.0..=40.5).contains(&vt), "{vt}");
+}
+
+#[tokio::test]
+async fn overlapping_claims_of_one_message_return_the_task_exactly_once() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "comm", json!({})).await;
+    let msgs = read(pool, Q, 1).await;
+
+    // The first claim holds its transaction open; the second blocks on the task row, then defers it.
+    let mut first = pool.begin().await.unwrap();
+    let claimed: Value = sqlx::query_scalar(
+        "select pgflow.claim_tasks(queue_name => $1, flow_slug => 'comm', step_slug => 'classify', msg_ids => $2, worker_id => $3)",
+    )
+    .bind(Q)
+    .bind(&msgs)
+    .bind(worker)
+    .fetch_one(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(claimed["tasks"].as_array().unwrap().len(), 1);
+    let second = {
+        let pool = pool.clone();
+        let msgs = msgs.clone();
+        tokio::spawn(
+            async move { claim_tasks(&pool, Q, "comm", Some("classify"), &msgs, worker).await },
+        )
+    };
+    pgflow_tests::wait_until(
+        std::time::Duration::from_secs(10),
+        "the second claim to wait for the first",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+                "select exists (select 1 from pg_stat_activity
+                                where wait_event_type = 'Lock' and query like '%claim_tasks%')",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await;
+    assert!(!second.is_finished());
+    first.commit().await.unwrap();
+    let second = second.await.unwrap();
+    assert!(second["tasks"].as_array().unwrap().is_empty());
+    assert_eq!(ids(&second["deferred"]), msgs);
+    assert_eq!(
+        task_state(pool, run, "classify", 0).await,
+        ("started".into(), 1)
+    );
+}
