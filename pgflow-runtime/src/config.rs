@@ -31,7 +31,7 @@ pub enum Compilation {
 /// | `stalled_recovery_interval` | 15 s (`Some`) | how often `requeue_stalled_tasks` runs (one worker at a time) |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling |
 /// | `completion_batch_size` | 64 | most outputs recorded in one `complete_tasks` call |
-/// | `completion_flushers` | 2 | `complete_tasks` calls in flight at once |
+/// | `completion_flushers` | 4 | `complete_tasks` calls in flight at once |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
@@ -87,7 +87,7 @@ impl Default for WorkerConfig {
             stalled_recovery_interval: Some(Duration::from_secs(15)),
             poll_error_backoff_max: Duration::from_secs(5),
             completion_batch_size: 64,
-            completion_flushers: 2,
+            completion_flushers: 4,
             worker_name: None,
             compilation: Compilation::Verify,
             auto_install: false,

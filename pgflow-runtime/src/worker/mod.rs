@@ -110,7 +110,7 @@ impl<F: Flow> WorkerBuilder<F> {
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per `complete_tasks` call (default 64).
         completion_batch_size: usize,
-        /// `complete_tasks` calls in flight at once (default 2).
+        /// `complete_tasks` calls in flight at once (default 4).
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,
