@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use pgflow_sql::throwaway::{Durability, TempPostgres};
 use serde_json::{json, Value};
+
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions as _, Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
@@ -226,20 +227,16 @@ impl BenchFlow {
     }
 
     pub(crate) fn shape(self) -> Value {
+        use pgflow_runtime::Flow as _;
         match self {
-            BenchFlow::Diamond => json!({ "steps": [
-                step("a", "single", &[]),
-                step("b", "single", &["a"]),
-                step("c", "single", &["a"]),
-                step("d", "single", &["b", "c"]),
-            ]}),
-            BenchFlow::Map10 => json!({ "steps": [step("double", "map", &[])] }),
+            BenchFlow::Diamond => crate::flows::diamond::Diamond::shape(),
+            BenchFlow::Map10 => crate::flows::map10::Map10::shape(),
         }
     }
 
     pub(crate) fn input(self) -> Value {
         match self {
-            BenchFlow::Diamond => json!({ "n": 1 }),
+            BenchFlow::Diamond => json!(1),
             BenchFlow::Map10 => json!([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]),
         }
     }
@@ -247,24 +244,12 @@ impl BenchFlow {
     /// What the benchmark's handlers return (trivial work: the benchmark measures the engine).
     pub(crate) fn handle(step_slug: &str, input: &Value) -> Value {
         match step_slug {
-            "a" => json!(1),
+            "a" => json!(input.as_i64().unwrap_or(0)),
             "b" | "c" => json!(input["a"].as_i64().unwrap_or(0) + 1),
             "d" => json!(input["b"].as_i64().unwrap_or(0) + input["c"].as_i64().unwrap_or(0)),
             _ => json!(input.as_i64().unwrap_or(0) * 2),
         }
     }
-}
-
-fn step(slug: &str, step_type: &str, dependencies: &[&str]) -> Value {
-    json!({
-        "slug": slug,
-        "stepType": step_type,
-        "dependencies": dependencies,
-        "whenUnmet": "skip",
-        "whenExhausted": "fail",
-        "requiredInputPattern": { "defined": false },
-        "forbiddenInputPattern": { "defined": false },
-    })
 }
 
 impl BenchFlow {

@@ -11,6 +11,7 @@
 
 mod db;
 mod floor;
+mod flows;
 mod sql_driver;
 
 use std::process::ExitCode;
@@ -101,24 +102,29 @@ impl Args {
 enum Driver {
     /// `k` upstream-style clients (read → start_tasks → complete_task per task), one connection each.
     SqlUpstreamStyle { k: usize },
+    /// One pgflow-rs plain worker with `max_concurrent` handlers (defaults otherwise).
+    Worker { max_concurrent: usize },
 }
 
 impl Driver {
     fn label(self) -> String {
         match self {
             Driver::SqlUpstreamStyle { .. } => "SQL core, upstream-style driver".into(),
+            Driver::Worker { .. } => "pgflow-rs worker".into(),
         }
     }
 
     fn tag(self) -> &'static str {
         match self {
             Driver::SqlUpstreamStyle { .. } => "sql",
+            Driver::Worker { .. } => "worker",
         }
     }
 
     fn k(self) -> usize {
         match self {
             Driver::SqlUpstreamStyle { k } => k,
+            Driver::Worker { max_concurrent } => max_concurrent,
         }
     }
 
@@ -143,6 +149,39 @@ impl Driver {
                             .map_err(BenchError::from)
                     });
                 }
+            }
+            Driver::Worker { max_concurrent } => {
+                // A pool of its own, sized as the worker's docs ask (flushers + 3), plus one.
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(6)
+                    .connect_with(db.options.clone())
+                    .await?;
+                let handle = match flow {
+                    BenchFlow::Diamond => {
+                        pgflow_runtime::Worker::<flows::diamond::Diamond>::builder(pool.clone())
+                            .max_concurrent(max_concurrent)
+                            .build()
+                            .map_err(|e| BenchError::Invalid(e.to_string()))?
+                            .spawn(stop.clone())
+                            .await
+                    }
+                    BenchFlow::Map10 => {
+                        pgflow_runtime::Worker::<flows::map10::Map10>::builder(pool.clone())
+                            .max_concurrent(max_concurrent)
+                            .build()
+                            .map_err(|e| BenchError::Invalid(e.to_string()))?
+                            .spawn(stop.clone())
+                            .await
+                    }
+                }
+                .map_err(|e| BenchError::Invalid(format!("worker startup: {e}")))?;
+                set.spawn(async move {
+                    let report = handle.join().await;
+                    pool.close().await;
+                    report
+                        .map(drop)
+                        .map_err(|e| BenchError::Invalid(format!("worker: {e}")))
+                });
             }
         }
         Ok(set)
@@ -219,9 +258,14 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // Drain throughput.
     for flow in [BenchFlow::Diamond, BenchFlow::Map10] {
-        for &k in &args.ks {
-            let driver = Driver::SqlUpstreamStyle { k };
-            if !args.wants(&["sql", flow.name()]) {
+        for driver in args.ks.iter().flat_map(|&k| {
+            [
+                Driver::SqlUpstreamStyle { k },
+                Driver::Worker { max_concurrent: k },
+            ]
+        }) {
+            let k = driver.k();
+            if !args.wants(&[driver.tag(), flow.name()]) {
                 continue;
             }
             let row = drain(&db, flow, driver, args.tasks).await;
@@ -240,7 +284,12 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // Latency at half the drain throughput, with the highest concurrency.
     let k_max = args.ks.iter().copied().max().unwrap_or(1);
-    for driver in [Driver::SqlUpstreamStyle { k: k_max }] {
+    for driver in [
+        Driver::SqlUpstreamStyle { k: k_max },
+        Driver::Worker {
+            max_concurrent: k_max,
+        },
+    ] {
         let flow = BenchFlow::Diamond;
         if !args.wants(&["latency", driver.tag(), flow.name()]) {
             continue;

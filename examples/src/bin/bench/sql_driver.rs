@@ -31,7 +31,7 @@ pub(crate) async fn client(
             }
         }
         let tasks: Vec<(Uuid, String, i32, Value)> = sqlx::query_as(
-            "select run_id, step_slug, task_index, input \
+            "select run_id, step_slug, task_index, coalesce(flow_input, input) \
              from pgflow.start_tasks(flow_slug => $1, msg_ids => $2, worker_id => $3)",
         )
         .bind(&slug)

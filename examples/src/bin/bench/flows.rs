@@ -1,0 +1,39 @@
+//! The benchmark's flows as `#[flow]` modules, run by the pgflow-rs workers. Their shapes are also
+//! what the upstream-style driver's flows are compiled from, so both drive identical definitions.
+
+use pgflow_runtime::{flow, StepError};
+
+#[flow(slug = "benchDiamond", input = i64)]
+pub(crate) mod diamond {
+    use super::StepError;
+
+    #[step]
+    async fn a(n: i64) -> Result<i64, StepError> {
+        Ok(n)
+    }
+
+    #[step(depends_on = [a])]
+    async fn b(a: i64) -> Result<i64, StepError> {
+        Ok(a + 1)
+    }
+
+    #[step(depends_on = [a])]
+    async fn c(a: i64) -> Result<i64, StepError> {
+        Ok(a + 1)
+    }
+
+    #[step(depends_on = [b, c])]
+    async fn d(b: i64, c: i64) -> Result<i64, StepError> {
+        Ok(b + c)
+    }
+}
+
+#[flow(slug = "benchMap10", input = Vec<i64>)]
+pub(crate) mod map10 {
+    use super::StepError;
+
+    #[step(map)]
+    async fn double(x: i64) -> Result<i64, StepError> {
+        Ok(x * 2)
+    }
+}
