@@ -333,3 +333,67 @@ async fn the_runtime_and_sql_queue_resolvers_agree_on_generated_cases_with_bound
         "both outcomes are exercised ({rejected} rejected)"
     );
 }
+
+#[tokio::test]
+async fn a_visible_message_of_a_started_task_never_stops_a_healthy_step_worker() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    // Compile, then claim the classify task "elsewhere" (another registered worker) and make its
+    // message visible again, as a late visibility would.
+    step_worker(pool, Step::DeliverSlack).await.stop().await;
+    let client = Client::new(pool.clone());
+    let run = client
+        .start::<Community>(&Thread {
+            text: "help?".into(),
+        })
+        .await
+        .unwrap();
+    let other = uuid::Uuid::new_v4();
+    sqlx::query(
+        "select pgflow.register_worker(worker_id => $1, function_name => 'elsewhere', \
+         queue_name => 'communityv1__classify', flow_slug => 'communityV1', step_slug => 'classify')",
+    )
+    .bind(other)
+    .execute(pool)
+    .await
+    .unwrap();
+    let claimed: serde_json::Value = sqlx::query_scalar(
+        "select pgflow.read_and_claim_tasks(queue_name => 'communityv1__classify', flow_slug => 'communityV1', \
+         step_slug => 'classify', qty => 10, vt => 5, worker_id => $1)",
+    )
+    .bind(other)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(claimed["tasks"].as_array().unwrap().len(), 1);
+    sqlx::query("update pgmq.q_communityv1__classify set vt = clock_timestamp()")
+        .execute(pool)
+        .await
+        .unwrap();
+
+    let worker = step_worker(pool, Step::Classify).await;
+    pgflow_tests::wait_until(LIMIT, "the duplicate to be read and deferred", || async {
+        sqlx::query_scalar::<_, bool>(
+            "select bool_and(vt > clock_timestamp() + interval '10 seconds') from pgmq.q_communityv1__classify",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    let (status, attempts, _) = support::task(pool, run.run_id(), "classify", 0).await;
+    assert_eq!(
+        (status.as_str(), attempts),
+        ("started", 1),
+        "no attempt consumed"
+    );
+    let enabled: bool = sqlx::query_scalar(
+        "select enabled from pgflow.worker_functions where function_name = 'communityv1__classify'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(enabled);
+    let report = worker.stop().await;
+    assert_eq!(report.stop_reason, pgflow_runtime::StopReason::Shutdown);
+}
