@@ -23,7 +23,7 @@ pub enum Compilation {
 /// | `max_concurrent` | 10 | handlers running at once (and tasks claimed but unfinished) |
 /// | `batch_size` | 10 | most messages one read asks for (never more than the free slots) |
 /// | `poll_interval` | 50 ms | wait after an empty read; doubles while idle |
-/// | `max_poll_wait` | 1 s | longest wait between reads while idle |
+/// | `max_poll_wait` | 250 ms | longest wait between reads while idle (bounds the pick-up latency of work another worker enqueued) |
 /// | `read_visibility` | 5 s | how long a read message stays hidden before the claim extends it |
 /// | `heartbeat_interval` | 5 s | `pgflow.workers.last_heartbeat_at` updates; deprecation and the fence are seen here |
 /// | `shutdown_grace` | 30 s | how long in-flight handlers may finish after shutdown is requested |
@@ -79,7 +79,7 @@ impl Default for WorkerConfig {
             max_concurrent: 10,
             batch_size: 10,
             poll_interval: Duration::from_millis(50),
-            max_poll_wait: Duration::from_secs(1),
+            max_poll_wait: Duration::from_millis(250),
             read_visibility: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(30),

@@ -94,7 +94,7 @@ impl<F: Flow> WorkerBuilder<F> {
         batch_size: usize,
         /// Wait after an empty read, doubling while idle (default 50 ms).
         poll_interval: Duration,
-        /// Longest wait between reads while idle (default 1 s).
+        /// Longest wait between reads while idle (default 250 ms).
         max_poll_wait: Duration,
         /// Visibility of a read message until its claim (default 5 s, whole seconds).
         read_visibility: Duration,
