@@ -87,20 +87,13 @@ begin
   join pgflow.worker_functions wf on wf.function_name = w.function_name
   where w.worker_id = claim_tasks.worker_id and not wf.enabled;
 
-  -- Lock every task of the batch in (queue_name, message_id) order (as start_tasks and _terminate_tasks).
-  perform 1
-  from pgflow.step_tasks t
-  where t.queue_name = v_queue and t.message_id = any (v_ids)
-  order by t.message_id
-  for update;
-
-  -- Classify the complete batch (a new snapshot: sees what lock waits let commit).
-  with classified as (
-    select m.id,
+  -- Lock every task of the batch in (queue_name, message_id) order (as start_tasks and _terminate_tasks) and
+  -- classify the complete batch in the same statement; a message without a task row is unsupported.
+  with locked as (
+    select t.message_id as id,
            t.run_id, t.step_slug, t.task_index, t.started_at,
            coalesce(s.opt_timeout, f.opt_timeout) as timeout,
            case
-             when t.run_id is null then 'unsupported'
              when t.flow_slug <> claim_tasks.flow_slug
                or (claim_tasks.step_slug is not null and t.step_slug <> claim_tasks.step_slug) then 'unsupported'
              when t.status = 'queued' and r.status = 'started' and ss.status = 'started' then 'claim'
@@ -108,12 +101,20 @@ begin
              when t.status = 'started' then 'defer'
              else 'archive'
            end as kind
+    from pgflow.step_tasks t
+    join pgflow.runs r on r.run_id = t.run_id
+    join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
+    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+    join pgflow.flows f on f.flow_slug = t.flow_slug
+    where t.queue_name = v_queue and t.message_id = any (v_ids)
+    order by t.message_id
+    for update of t
+  ),
+  classified as (
+    select m.id, l.run_id, l.step_slug, l.task_index, l.started_at, l.timeout,
+           coalesce(l.kind, 'unsupported') as kind
     from unnest(v_ids) as m(id)
-    left join pgflow.step_tasks t on t.queue_name = v_queue and t.message_id = m.id
-    left join pgflow.runs r on r.run_id = t.run_id
-    left join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
-    left join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-    left join pgflow.flows f on f.flow_slug = t.flow_slug
+    left join locked l on l.id = m.id
   )
   select array_agg(c.id order by c.id) filter (where c.kind = 'claim'),
          array_agg(c.run_id order by c.id) filter (where c.kind = 'claim'),
