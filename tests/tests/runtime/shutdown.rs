@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use pgflow_runtime::{flow, Client, StepContext, StepError, StopReason, Worker, WorkerError};
 use pgflow_tests::crash_flow::CrashFlow;
+use sqlx::Connection;
 use uuid::Uuid;
 
 use crate::support::{self, LIMIT};
@@ -214,4 +215,32 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
             .unwrap();
     assert_eq!(requeued, 1);
     rescuer.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_recovers_without_help_after_all_its_database_connections_are_killed() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<sleepy::Sleepy>(pool).await;
+    let client = Client::new(pool.clone());
+    let before = client.start::<sleepy::Sleepy>(&1).await.unwrap();
+    before.wait(LIMIT).await.unwrap();
+
+    // As a database restart would: every other session of this database is terminated.
+    let mut admin = sqlx::PgConnection::connect_with(&db.options())
+        .await
+        .unwrap();
+    let killed: i64 = sqlx::query_scalar(
+        "select count(*) from (select pg_terminate_backend(pid) from pg_stat_activity \
+         where datname = current_database() and pid <> pg_backend_pid()) k",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(killed > 0);
+
+    let after = client.start::<sleepy::Sleepy>(&2).await.unwrap();
+    assert_eq!(after.wait(LIMIT).await.unwrap().nap, 2);
+    let report = worker.stop().await;
+    assert_eq!(report.completed, 2);
 }
