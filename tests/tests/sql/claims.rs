@@ -532,3 +532,81 @@ async fn overlapping_claims_of_one_message_return_the_task_exactly_once() {
         ("started".into(), 1)
     );
 }
+
+#[tokio::test]
+async fn retries_recovery_and_pruning_use_the_task_queue_snapshot() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "comm", json!({})).await;
+    let msgs = read(pool, Q, 1).await;
+    claim(pool, worker, &msgs).await;
+
+    // Retry: back to queued, the same message in the step queue, delayed by the backoff.
+    assert_eq!(fail(pool, run, "classify", 0, "flaky").await, "queued");
+    assert_eq!(live_messages(pool, Q).await, 1);
+    assert!(seconds_until_visible(pool, Q, msgs[0]).await > 0.0);
+
+    // Permanent stall and the operator's retry: a fresh message in the same step queue.
+    make_visible(pool, Q).await;
+    claim(pool, worker, &msgs).await;
+    exec(
+        pool,
+        "update pgflow.step_tasks set requeued_count = 3, queued_at = now() - interval '1 hour',
+                started_at = now() - interval '61 seconds'",
+    )
+    .await;
+    exec(pool, "select pgflow.requeue_stalled_tasks()").await;
+    assert_eq!(live_messages(pool, Q).await, 0);
+    exec(
+        pool,
+        &format!("select pgflow.resolve_stalled_task('{run}', 'classify', 0, 'retry')"),
+    )
+    .await;
+    assert_eq!(live_messages(pool, Q).await, 1);
+    assert_eq!(live_messages(pool, "comm__deliver").await, 0);
+    let fresh = read(pool, Q, 1).await;
+    let result = claim(pool, worker, &fresh).await;
+    assert_eq!(result["tasks"].as_array().unwrap().len(), 1);
+    complete(pool, run, "classify", 0, json!({})).await;
+
+    // Pruning a finished run removes its messages from every step queue's archive.
+    let deliver = Uuid::new_v4();
+    register(
+        pool,
+        deliver,
+        "comm-deliver",
+        "comm__deliver",
+        "comm",
+        Some("deliver"),
+    )
+    .await;
+    let msgs = read(pool, "comm__deliver", 1).await;
+    claim_tasks(
+        pool,
+        "comm__deliver",
+        "comm",
+        Some("deliver"),
+        &msgs,
+        deliver,
+    )
+    .await;
+    complete(pool, run, "deliver", 0, json!({})).await;
+    assert_eq!(run_status(pool, run).await, "completed");
+    assert_eq!(archived_messages(pool, Q).await, 2);
+    assert_eq!(archived_messages(pool, "comm__deliver").await, 1);
+    exec(
+        pool,
+        "update pgflow.runs set started_at = now() - interval '2 days', completed_at = now() - interval '2 days'",
+    )
+    .await;
+    exec(
+        pool,
+        "select pgflow.prune_data_older_than(interval '1 day')",
+    )
+    .await;
+    // The task's current message is gone from the classify archive (the message replaced by the operator's
+    // retry is only pruned once its own archive time passes the cutoff), and the deliver archive is empty.
+    assert_eq!(archived_messages(pool, Q).await, 1);
+    assert_eq!(archived_messages(pool, "comm__deliver").await, 0);
+}
