@@ -19,12 +19,14 @@ pub(crate) struct BenchDb {
     pub(crate) pool: PgPool,
     pub(crate) server_version: String,
     pub(crate) settings: String,
+    /// Whether function timing is on.
+    pub(crate) profile: bool,
 }
 
 impl BenchDb {
     /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
     /// PGMQ and pgflow installed.
-    pub(crate) async fn open() -> Result<Self, BenchError> {
+    pub(crate) async fn open(profile: bool) -> Result<Self, BenchError> {
         let (temp, admin) = match std::env::var("DATABASE_URL") {
             Ok(url) if !url.is_empty() => (None, url.parse::<PgConnectOptions>()?),
             _ => {
@@ -42,6 +44,14 @@ impl BenchDb {
         sqlx::query(&format!("create database \"{name}\""))
             .execute(&mut conn)
             .await?;
+        if profile {
+            // Sessions opened from now on time every PL function (pg_stat_user_functions).
+            sqlx::query(&format!(
+                "alter database \"{name}\" set track_functions = 'pl'"
+            ))
+            .execute(&mut conn)
+            .await?;
+        }
         conn.close().await?;
         let options = admin.database(&name);
         let pool = PgPoolOptions::new()
@@ -65,7 +75,32 @@ impl BenchDb {
             pool,
             server_version,
             settings,
+            profile,
         })
+    }
+
+    /// The pgflow and PGMQ functions by time spent in themselves since the last `pg_stat_reset()`,
+    /// per task, as a markdown table.
+    pub(crate) async fn function_profile(&self, tasks: usize) -> Result<String, sqlx::Error> {
+        // Backends report their function statistics when they go idle or exit.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let rows: Vec<(String, i64, f64, f64)> = sqlx::query_as(
+            "select schemaname || '.' || funcname, calls, total_time, self_time from pg_stat_user_functions \
+             where schemaname in ('pgflow', 'pgmq') order by self_time desc limit 12",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = String::from("| function | calls per task | total µs per task | self µs per task |\n|---|---:|---:|---:|\n");
+        for (name, calls, total, own) in rows {
+            let t = tasks as f64;
+            out.push_str(&format!(
+                "| {name} | {:.2} | {:.0} | {:.0} |\n",
+                calls as f64 / t,
+                total * 1000.0 / t,
+                own * 1000.0 / t
+            ));
+        }
+        Ok(out)
     }
 
     /// A connection of its own (one per benchmark client).

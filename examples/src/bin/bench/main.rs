@@ -48,6 +48,8 @@ struct Args {
     latency_seconds: f64,
     /// Run only the scenarios whose label contains one of these (all when empty).
     only: Vec<String>,
+    /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
+    profile: bool,
 }
 
 impl Args {
@@ -63,6 +65,7 @@ impl Args {
             ks: vec![1, 4, 16],
             latency_seconds: 8.0,
             only: Vec::new(),
+            profile: false,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -84,9 +87,10 @@ impl Args {
                         .collect::<Result<_, _>>()?;
                 }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
+                "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--only floor,sql,worker,latency,starvation,diamond,map10]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--only floor,sql,worker,latency,starvation,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -224,7 +228,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: &Args) -> Result<(), BenchError> {
     let started = Instant::now();
-    let db = BenchDb::open().await?;
+    let db = BenchDb::open(args.profile).await?;
     eprintln!("server: {}", db.server_version);
     eprintln!("settings: {}", db.settings);
     let mut rows: Vec<Row> = Vec::new();
@@ -250,9 +254,9 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             });
         }
     }
-    let floor_at = |rows: &[Row], k: usize| {
+    let floor_at = |rows: &[Row], k: usize, label: &str| {
         rows.iter()
-            .find(|r| r.k == k && r.what == FloorKind::Pipeline.label())
+            .find(|r| r.k == k && r.what == label)
             .map(|r| r.value)
     };
 
@@ -309,6 +313,39 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         .await;
         let label = format!("{}: {} latency", driver.label(), flow.name());
         record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+    }
+
+    // Starvation: the community-threads burst in plain and step-queued modes.
+    if args.wants(&["starvation"]) {
+        use pgflow_examples::community::{run_mode, Mode};
+        for mode in [Mode::Plain, Mode::StepQueued] {
+            db.settle().await?;
+            let r = run_mode(&db.options, mode, 200, Duration::from_secs(120))
+                .await
+                .map_err(|e| BenchError::Invalid(format!("community_threads {mode:?}: {e}")))?;
+            if r.completed != r.runs {
+                invalid.push(format!(
+                    "community_threads {mode:?}: {} of {} runs completed",
+                    r.completed, r.runs
+                ));
+            }
+            let row = Row {
+                what: format!("starvation, deliverSlack ready → done p99; {}", mode.label()),
+                k: 4,
+                value: r.deliver_p99_ms,
+                unit: "ms p99",
+                extra: format!(
+                    "{}/{} runs completed in {:.2} s; {} deliveries during the classify backlog, p50 {:.0} ms",
+                    r.completed,
+                    r.runs,
+                    r.makespan.as_secs_f64(),
+                    r.delivered_during_backlog,
+                    r.deliver_p50_ms
+                ),
+            };
+            eprintln!("{}: {:.0} ms; {}", row.what, row.value, row.extra);
+            rows.push(row);
+        }
     }
 
     print_table(&db, args, &rows, floor_at, started.elapsed());
@@ -376,14 +413,17 @@ async fn drain(
     let runs = tasks.div_ceil(flow.tasks_per_run());
     db.start_runs(slug, &flow.input(), runs).await?;
     db.settle().await?;
+    sqlx::query("select pg_stat_reset()")
+        .execute(&db.pool)
+        .await?;
     let t0: chrono_like::Ts =
         sqlx::query_scalar("select extract(epoch from clock_timestamp())::float8")
             .fetch_one(&db.pool)
             .await?;
     let stop = CancellationToken::new();
     let mut set = driver.spawn(db, flow, stop.clone()).await?;
-    let limit = Instant::now() + Duration::from_secs(120);
-    let (mut last_open, mut last_change) = (i64::MAX, Instant::now());
+    let limit = Instant::now() + Duration::from_secs(300);
+    let (mut last_done, mut last_change) = (-1_i64, Instant::now());
     let outcome = loop {
         if let Some(Ok(Err(e))) = set.try_join_next() {
             break Err(e);
@@ -397,18 +437,25 @@ async fn drain(
         if open == 0 {
             break Ok(());
         }
-        if open != last_open {
-            (last_open, last_change) = (open, Instant::now());
+        // Progress is tasks completed: a run may need every earlier task drained first.
+        let done: i64 = sqlx::query_scalar(
+            "select count(*) from pgflow.step_tasks where flow_slug = $1 and status = 'completed'",
+        )
+        .bind(slug)
+        .fetch_one(&db.pool)
+        .await?;
+        if done != last_done {
+            (last_done, last_change) = (done, Instant::now());
         } else if last_change.elapsed() > Duration::from_secs(20) {
             let state = db.dump_state(slug).await?;
             break Err(BenchError::Invalid(format!(
-                "{open} runs made no progress for 20 s; {state}"
+                "{open} runs open and no task completed for 20 s; {state}"
             )));
         }
         if Instant::now() > limit {
             let state = db.dump_state(slug).await?;
             break Err(BenchError::Invalid(format!(
-                "{}: {open} runs still open after 120 s; {state}",
+                "{}: {open} runs still open after 300 s; {state}",
                 drain_label(flow, driver)
             )));
         }
@@ -435,6 +482,14 @@ async fn drain(
     let (p50, p99) = db.run_latency(slug).await?;
     cleanup(db, slug).await?;
     let total_tasks = runs * flow.tasks_per_run();
+    if db.profile {
+        let profile = db.function_profile(total_tasks).await?;
+        println!(
+            "\n#### profile: {} K={}\n\n{profile}",
+            drain_label(flow, driver),
+            driver.k()
+        );
+    }
     Ok(Row {
         what: drain_label(flow, driver),
         k: driver.k(),
@@ -520,7 +575,7 @@ fn print_table(
     db: &BenchDb,
     args: &Args,
     rows: &[Row],
-    floor_at: impl Fn(&[Row], usize) -> Option<f64>,
+    floor_at: impl Fn(&[Row], usize, &str) -> Option<f64>,
     elapsed: Duration,
 ) {
     println!("## pgflow-rs benchmark\n");
@@ -535,17 +590,26 @@ fn print_table(
         args.latency_seconds,
         elapsed.as_secs_f64()
     );
-    println!("| scenario | K | result | ratio to floor (same K) | notes |");
-    println!("|---|---:|---:|---:|---|");
+    println!(
+        "| scenario | K | result | ÷ pipeline floor (same K) | ÷ batched relay (same K) | notes |"
+    );
+    println!("|---|---:|---:|---:|---:|---|");
     for row in rows {
-        let ratio = if row.unit.ends_with("/s") {
-            floor_at(rows, row.k).map_or("".into(), |f| format!("{:.2}", row.value / f))
-        } else {
-            String::new()
+        let ratio = |label: &str| {
+            if !row.unit.ends_with("/s") {
+                return String::new();
+            }
+            floor_at(rows, row.k, label).map_or(String::new(), |f| format!("{:.2}", row.value / f))
         };
         println!(
-            "| {} | {} | {:.0} {} | {} | {} |",
-            row.what, row.k, row.value, row.unit, ratio, row.extra
+            "| {} | {} | {:.0} {} | {} | {} | {} |",
+            row.what,
+            row.k,
+            row.value,
+            row.unit,
+            ratio(FloorKind::Pipeline.label()),
+            ratio(FloorKind::RelayBatched.label()),
+            row.extra
         );
     }
 }
