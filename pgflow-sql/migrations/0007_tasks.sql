@@ -183,24 +183,31 @@ declare
   v_remaining_steps int;
   v_read record;
 begin
-  -- One read: the run (locked: every state change of a run is serialised on its row), the task, its step.
-  select r.status as run_status, r.flow_slug, t as task, ss.status as step_status, ss.remaining_tasks,
-         ss.initial_tasks, s.step_type
-  into v_read
+  -- Lock the run first: every state change of a run is serialised on its row.
+  select r.status, r.flow_slug into v_run_status, v_flow_slug
   from pgflow.runs r
-  join pgflow.step_tasks t
-    on t.run_id = r.run_id and t.step_slug = complete_task.step_slug and t.task_index = complete_task.task_index
-  join pgflow.step_states ss on ss.run_id = r.run_id and ss.step_slug = complete_task.step_slug
-  join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
   where r.run_id = complete_task.run_id
-  for no key update of r;
+  for no key update;
+
+  if not found then
+    return;
+  end if;
+
+  -- Then read the task and its step in a statement of its own, so it sees what a concurrent completion
+  -- committed while this one waited for the lock. (Reading them in the locking statement would use the
+  -- pre-wait versions of these rows: two last completions would each see the other as still running.)
+  select t as task, ss.status as step_status, ss.remaining_tasks, ss.initial_tasks, s.step_type
+  into v_read
+  from pgflow.step_tasks t
+  join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
+  join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+  where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
+    and t.task_index = complete_task.task_index;
 
   if not found then
     return;
   end if;
   v_task := v_read.task;
-  v_run_status := v_read.run_status;
-  v_flow_slug := v_read.flow_slug;
   v_step_status := v_read.step_status;
   v_remaining := v_read.remaining_tasks;
   v_initial := v_read.initial_tasks;

@@ -120,3 +120,59 @@ async fn concurrent_workers_drain_every_run_to_a_terminal_state_without_leaving_
         "no message is left behind"
     );
 }
+
+/// Every task of one map run completed at the same moment from its own connection: the step must still
+/// complete exactly once and the run must finish. (A completion that waited for the run lock used to
+/// decide "last task or not" from the step's task count as it was before the wait, so the last
+/// completion only decremented and the run never finished.)
+#[tokio::test]
+async fn concurrent_completions_of_one_map_step_complete_the_step_and_the_run() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('fanout'); select pgflow.add_step('fanout', 'each', step_type => 'map');",
+    )
+    .await;
+    for round in 0..5 {
+        let elements: Vec<i32> = (0..10).collect();
+        let run = start(pool, "fanout", json!(elements)).await;
+        let tasks = claim(pool, "fanout", "fanout", 10).await;
+        assert_eq!(
+            tasks.len(),
+            10,
+            "round {round}: all ten map tasks are claimed"
+        );
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(tasks.len()));
+        let completions = tasks.into_iter().map(|task| {
+            let pool = pool.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.expect("a connection per completion");
+                barrier.wait().await;
+                sqlx::query("select pgflow.complete_task($1, $2, $3, $4)")
+                    .bind(task.run_id)
+                    .bind(&task.step_slug)
+                    .bind(task.task_index)
+                    .bind(json!(task.task_index * 10))
+                    .execute(&mut *conn)
+                    .await
+                    .expect("complete_task");
+            })
+        });
+        for completion in futures::future::join_all(completions).await {
+            completion.unwrap();
+        }
+        assert_eq!(
+            step_status(pool, run, "each").await,
+            "completed",
+            "round {round}"
+        );
+        assert_eq!(run_status(pool, run).await, "completed", "round {round}");
+        assert_eq!(
+            run_output(pool, run).await,
+            Some(json!({"each": [0, 10, 20, 30, 40, 50, 60, 70, 80, 90]})),
+            "round {round}"
+        );
+    }
+}
