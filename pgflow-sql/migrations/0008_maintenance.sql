@@ -1,6 +1,6 @@
 -- pgflow-rs SQL core, migration 0008: recovery, pruning and worker bookkeeping.
 --
--- Upstream interface: requeue_stalled_tasks, track_worker_function, mark_worker_stopped,
+-- Upstream interface: requeue_stalled_tasks, mark_worker_stopped (track_worker_function is in 0014),
 -- setup_requeue_stalled_tasks_cron (needs pg_cron only when called), prune_data_older_than (upstream ships it
 -- as copy-paste SQL). Addition: resolve_stalled_task (operator decision for a permanently stalled task).
 -- Not provided (Supabase-only): ensure_workers, setup_ensure_workers_cron, cleanup_ensure_workers_logs.
@@ -182,17 +182,6 @@ begin
 
   delete from pgflow.workers w where w.last_heartbeat_at < v_cutoff;
 end;
-$$;
-
-create function pgflow.track_worker_function(function_name text)
-returns void
-language sql
-volatile
-set search_path = ''
-as $$
-  insert into pgflow.worker_functions (function_name, updated_at, last_invoked_at)
-  values (track_worker_function.function_name, clock_timestamp(), null)
-  on conflict (function_name) do update set updated_at = clock_timestamp();
 $$;
 
 create function pgflow.mark_worker_stopped(worker_id uuid)

@@ -128,7 +128,7 @@ $$;
 -- Destroys a flow with all its runs, tasks and its own queues. Local recompilation only; never used in
 -- production. Own queues: the queues its steps route to, the queues recorded on its tasks, and (flow mode
 -- only) its default queue. A queue another flow routes a step to is never dropped.
-create or replace function pgflow.delete_flow_and_data(p_flow_slug text)
+create function pgflow.delete_flow_and_data(p_flow_slug text)
 returns void
 language plpgsql
 volatile
@@ -167,8 +167,6 @@ begin
   delete from pgflow.flows f where f.flow_slug = p_flow_slug;
 end;
 $$;
-
-drop function pgflow.ensure_flow_compiled(text, jsonb, boolean);
 
 -- The only deployment path: workers call this at startup with their flow's complete ordered shape, the queue
 -- mode and (optionally) the route map they computed.

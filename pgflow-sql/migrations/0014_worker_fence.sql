@@ -29,7 +29,6 @@ $$;
 -- function's state so a restarted worker learns that it is fenced:
 --   {"function_name", "enabled", "disabled_reason", "disabled_at"}
 -- (Upstream returns void; callers that ignore the result are unaffected.)
-drop function pgflow.track_worker_function(text);
 create function pgflow.track_worker_function(function_name text)
 returns jsonb
 language plpgsql
