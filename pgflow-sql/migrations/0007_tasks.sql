@@ -57,7 +57,9 @@ begin
     update pgflow.step_tasks t
     set status = 'started',
         attempts_count = t.attempts_count + 1,
-        started_at = now(),
+        -- A claim whose transaction began before the task was queued still starts it no earlier
+        -- than it was queued (started_at_is_after_queued_at).
+        started_at = greatest(now(), t.queued_at),
         last_worker_id = start_tasks.worker_id
     from candidates c, pgflow.runs r, pgflow.step_states ss
     where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index

@@ -176,3 +176,50 @@ async fn concurrent_completions_of_one_map_step_complete_the_step_and_the_run() 
         );
     }
 }
+
+/// A claim whose transaction began before the task was queued (its `now()` is older than the task's
+/// `queued_at`) still claims the task, with `started_at` no earlier than `queued_at`.
+#[tokio::test]
+async fn a_claim_in_a_transaction_older_than_the_task_still_claims_it() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('late'); select pgflow.add_step('late', 'only');",
+    )
+    .await;
+    register_worker(pool).await;
+
+    let mut claimer = pool.begin().await.unwrap();
+    let began: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select now()")
+        .fetch_one(&mut *claimer)
+        .await
+        .unwrap();
+    let run = start(pool, "late", json!({})).await;
+    let ids: Vec<i64> = sqlx::query_scalar("select msg_id from pgmq.read('late', 30, 1)")
+        .fetch_all(&mut *claimer)
+        .await
+        .unwrap();
+    let claimed: Vec<String> = sqlx::query_scalar(
+        "select step_slug from pgflow.start_tasks(flow_slug => 'late', msg_ids => $1, worker_id => $2)",
+    )
+    .bind(&ids)
+    .bind(WORKER)
+    .fetch_all(&mut *claimer)
+    .await
+    .expect("the claim succeeds although its transaction is older than the task");
+    claimer.commit().await.unwrap();
+    assert_eq!(claimed, ["only"]);
+
+    let (queued_at, started_at): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("select queued_at, started_at from pgflow.step_tasks where run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(
+        queued_at > began,
+        "the task was queued after the claim's transaction began"
+    );
+    assert_eq!(started_at, queued_at);
+}
