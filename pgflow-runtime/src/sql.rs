@@ -28,13 +28,7 @@ pub(crate) const HEARTBEAT: &str = "update pgflow.workers w set last_heartbeat_a
 pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_tasks \
      from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
 
-/// Read and claim in one round trip.
-pub(crate) const READ_AND_START_TASKS: &str =
-    "select run_id, step_slug, task_index, msg_id, input, flow_input, attempts_count \
-     from pgflow.read_and_start_tasks(queue_name => $1, flow_slug => $2, qty => $3, vt => $4, \
-     worker_id => $5, function_name => $6)";
-
-/// Read and classifying claim for one exact subscription (step workers), in one round trip.
+/// Read and classifying claim for one exact subscription (a step, or every step of a plain flow), in one round trip.
 pub(crate) const READ_AND_CLAIM_TASKS: &str =
     "select pgflow.read_and_claim_tasks(queue_name => $1, \
      flow_slug => $2, step_slug => $3, qty => $4, vt => $5, worker_id => $6)";

@@ -22,7 +22,7 @@ pub(crate) enum ClaimOutcome {
     /// Claimed tasks (possibly none).
     Tasks(Vec<Claimed>),
     /// The read batch holds messages this worker must not run; nothing was claimed and the
-    /// whole batch is visible again. Only a step worker's classifying claim reports this.
+    /// whole batch is visible again.
     Unsupported {
         /// Every message id of the batch.
         msg_ids: Vec<i64>,
@@ -49,46 +49,18 @@ pub(crate) struct Claimer {
     pub(crate) function_name: String,
 }
 
-type Row = (Uuid, String, i32, i64, Option<Value>, Option<Value>, i32);
-
 impl Claimer {
     /// Reads at most `qty` messages and claims their tasks, in one statement (it never sleeps).
     ///
-    /// A plain worker uses `read_and_start_tasks` (messages without a claimable task are left to
-    /// reappear); a step worker uses the classifying `read_and_claim_tasks` for its exact
-    /// subscription (flow, step), which may report the batch unsupported.
+    /// Every worker uses the classifying `read_and_claim_tasks` for its exact subscription: a step
+    /// worker's (flow, step), a plain worker's whole flow on its default queue. The batch is
+    /// classified before any mutation and may be reported unsupported.
     pub(crate) async fn claim(
         &self,
         pool: &PgPool,
         qty: usize,
     ) -> Result<ClaimOutcome, sqlx::Error> {
-        if self.step_slug.is_some() {
-            return self.classifying_claim(pool, qty).await;
-        }
-        let rows: Vec<Row> = sqlx::query_as(sql::READ_AND_START_TASKS)
-            .bind(&self.queue)
-            .bind(self.flow_slug)
-            .bind(i32::try_from(qty).unwrap_or(i32::MAX))
-            .bind(self.read_visibility_secs)
-            .bind(self.worker_id)
-            .bind(&self.function_name)
-            .fetch_all(pool)
-            .await?;
-        Ok(ClaimOutcome::Tasks(
-            rows.into_iter()
-                .map(
-                    |(run_id, step_slug, task_index, msg_id, input, flow_input, attempt)| Claimed {
-                        run_id,
-                        step_slug,
-                        task_index,
-                        msg_id,
-                        input: input.unwrap_or(Value::Null),
-                        flow_input,
-                        attempt,
-                    },
-                )
-                .collect(),
-        ))
+        self.classifying_claim(pool, qty).await
     }
 }
 

@@ -92,7 +92,7 @@ pub enum WorkerError {
         /// `pgflow.worker_functions.disabled_reason`.
         reason: Option<String>,
     },
-    /// A step worker read messages it must not run; it claimed none of them, disabled its worker
+    /// The worker read messages it must not run; it claimed none of them, disabled its worker
     /// function persistently and stopped.
     #[error(transparent)]
     Unsupported(Box<UnsupportedBatch>),
@@ -129,7 +129,7 @@ pub(crate) fn routing_or_database(
     WorkerError::Database { during, source }
 }
 
-/// A read batch that a step worker must not run (see [`WorkerError::Unsupported`]). No bodies.
+/// A read batch that a worker must not run (see [`WorkerError::Unsupported`]). No bodies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("queue `{queue}` returned messages {msg_ids:?} that are not all tasks of flow `{flow_slug}` step `{step_slug}` (unsupported messages name flows {message_flows:?}, steps {message_steps:?}); claimed none, disabled worker function `{function_name}` and stopped")]
 #[non_exhaustive]

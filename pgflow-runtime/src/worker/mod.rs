@@ -209,7 +209,7 @@ impl<F: Flow> Worker<F> {
     /// # Errors
     ///
     /// A startup failure (schema, [`WorkerError::ShapeMismatch`], queue checks, a disabled
-    /// function, a database error), or [`WorkerError::Unsupported`] when a step worker met
+    /// function, a database error), or [`WorkerError::Unsupported`] when the worker met
     /// messages it must not run. Database errors while running are retried with backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
         let ready = run::prepare(self).await?;

@@ -334,7 +334,7 @@ fn log_join(joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// The step worker's fatal path (classifying claim): disable the function persistently, log once.
+/// The fatal path of the classifying claim: disable the function persistently, log once.
 async fn unsupported(
     pool: &PgPool,
     claimer: &Claimer,

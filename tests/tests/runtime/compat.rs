@@ -165,3 +165,45 @@ async fn the_step_timeout_comes_from_the_database_at_startup() {
     .unwrap();
     assert_eq!(timeouts, [("upper".into(), 30), ("exclaim".into(), 5)]);
 }
+
+/// A plain worker classifies its batches too: a message in the flow's queue that belongs to no task of
+/// the flow stops it, with nothing claimed, no attempt used and the batch visible again.
+#[tokio::test]
+async fn a_foreign_message_in_a_plain_flow_queue_stops_the_worker_without_mutation() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    // Compile the flow, then queue a real run and a foreign message in its queue.
+    sqlx::query("select pgflow.ensure_flow_compiled('compatFlow', $1)")
+        .bind(original::Original::shape())
+        .execute(pool)
+        .await
+        .unwrap();
+    let run_id: uuid::Uuid =
+        sqlx::query_scalar("select run_id from pgflow.start_flow('compatFlow', '\"hey\"'::jsonb)")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let foreign: i64 =
+        sqlx::query_scalar("select pgmq.send('compatflow', '{\"not\": \"a task\"}'::jsonb)")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+
+    let err = support::fast(Worker::<original::Original>::builder(pool.clone()))
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    let WorkerError::Unsupported(batch) = &err else {
+        panic!("expected an unsupported batch, got {err}");
+    };
+    assert_eq!(batch.queue, "compatflow");
+    assert!(batch.msg_ids.contains(&foreign), "{:?}", batch.msg_ids);
+    let (status, attempts, _) = support::task(pool, run_id, "upper", 0).await;
+    assert_eq!((status.as_str(), attempts), ("queued", 0));
+    let hidden: i64 =
+        sqlx::query_scalar("select count(*) from pgmq.q_compatflow where vt > clock_timestamp()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(hidden, 0, "the whole batch is visible again");
+}
