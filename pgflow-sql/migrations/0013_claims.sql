@@ -27,7 +27,7 @@
 --
 -- Returns one JSON object:
 --   {"outcome": "claimed" | "unsupported" | "disabled",
---    "tasks":    [{"flow_slug", "run_id", "step_slug", "input", "msg_id", "task_index", "flow_input"}, ...]
+--    "tasks":    [{"flow_slug", "run_id", "step_slug", "input", "msg_id", "task_index", "flow_input", "attempts_count"}, ...]
 --                (pgflow.step_task_record fields, in msg_id order; empty unless outcome = claimed),
 --    "deferred": [msg_id, ...], "archived": [msg_id, ...], "waiting": [msg_id, ...],
 --    "unsupported": null | {"queue_name", "flow_slug", "step_slug"  (the subscription),
@@ -240,7 +240,8 @@ begin
              end,
              'msg_id', c.msg_id,
              'task_index', t.task_index,
-             'flow_input', case when s.step_type = 'single' and s.deps_count = 0 then r.input end)
+             'flow_input', case when s.step_type = 'single' and s.deps_count = 0 then r.input end,
+             'attempts_count', t.attempts_count)
            order by c.ord)
     into v_tasks
     from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
