@@ -142,22 +142,32 @@ pub enum InstallError {
 /// See [`InstallError`]: a database newer than this build, a modified applied migration, a failing
 /// migration, or a database error.
 pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
-    let pgmq = {
+    let pgmq = ensure_pgmq(pool).await?;
+    let mut conn = pool.acquire().await?;
+    let applied = apply_migrations(&mut conn).await?;
+    Ok(InstallReport { pgmq, applied })
+}
+
+/// Make sure PGMQ is installed on the database behind `pool`, and nothing else: `CREATE EXTENSION
+/// pgmq` when the server offers the extension, otherwise the `pgmq` crate's embedded SQL.
+/// [`install`] starts with this.
+///
+/// # Errors
+/// A database error, or [`InstallError::Pgmq`] when the embedded SQL fails.
+pub async fn ensure_pgmq(pool: &PgPool) -> Result<PgmqStatus, InstallError> {
+    let status = {
         let mut conn = pool.acquire().await?;
         ensure_pgmq_extension(&mut conn).await?
     };
-    let pgmq = match pgmq {
-        Some(status) => status,
+    match status {
+        Some(status) => Ok(status),
         None => {
             pgmq::install::install_sql_from_embedded(pool)
                 .await
                 .map_err(|e| InstallError::Pgmq(e.to_string()))?;
-            PgmqStatus::InstalledEmbeddedSql
+            Ok(PgmqStatus::InstalledEmbeddedSql)
         }
-    };
-    let mut conn = pool.acquire().await?;
-    let applied = apply_migrations(&mut conn).await?;
-    Ok(InstallReport { pgmq, applied })
+    }
 }
 
 /// Install or upgrade pgflow over one connection, or inside the caller's transaction
@@ -351,6 +361,7 @@ mod tests {
     fn install_futures_are_send(pool: &'static PgPool, conn: &'static mut PgConnection) {
         fn is_send<T: Send>(_: T) {}
         is_send(install(pool));
+        is_send(ensure_pgmq(pool));
         is_send(install_on(conn));
     }
 
