@@ -1,12 +1,19 @@
-//! Shared helpers for the integration tests: a fresh database per test, and bounded waits.
+//! Helpers shared by every integration test binary: a fresh database per test, and bounded waits.
 //!
 //! Every test that touches the database gets its own database on a real PostgreSQL with real PGMQ
-//! (see [`pgflow_sql::throwaway`]): the server in `DATABASE_URL`, or a throwaway cluster.
+//! (see [`pgflow_sql::throwaway`]): the server in `DATABASE_URL`, or a throwaway cluster. [`state`]
+//! starts runs and reads the rows the tests assert on. Helpers that only one binary needs live in
+//! that binary's `support` module.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use pgflow_sql::throwaway::{Contents, FreshDatabase as TestDb};
+
+pub mod state;
+
+/// The generous limit of bounded waits on work a worker or the database does in the background.
+pub const LIMIT: Duration = Duration::from_secs(30);
 
 /// A fresh database with PGMQ and every pgflow migration installed.
 pub async fn test_db() -> TestDb {

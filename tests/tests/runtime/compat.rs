@@ -4,7 +4,7 @@ use pgflow_runtime::{flow, Compilation, Flow, StepError, Worker, WorkerError};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{self, LIMIT};
+use crate::support;
 
 #[flow(slug = "compatFlow", input = String, max_attempts = 2, timeout = 30)]
 mod original {
@@ -36,26 +36,13 @@ async fn a_run_started_by_hand_in_sql_is_executed() {
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
     let worker = support::spawn::<original::Original>(pool).await;
-    pgflow_tests::wait_until(LIMIT, "the worker to register", || async {
-        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-            == 1
-    })
-    .await;
-    let run_id: uuid::Uuid =
-        sqlx::query_scalar("select run_id from pgflow.start_flow('compatFlow', '\"hey\"'::jsonb)")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    support::wait_for_workers(pool, 1).await;
+    let run_id = pgflow_tests::state::start(pool, "compatFlow", json!("hey")).await;
     assert_eq!(support::wait_finished(pool, run_id).await, "completed");
-    let output: Value = sqlx::query_scalar("select output from pgflow.runs where run_id = $1")
-        .bind(run_id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    assert_eq!(output, json!({"exclaim": "HEY!"}));
+    assert_eq!(
+        support::run_output(pool, run_id).await,
+        Some(json!({"exclaim": "HEY!"}))
+    );
     worker.stop().await;
 }
 
@@ -178,11 +165,7 @@ async fn a_foreign_message_in_a_plain_flow_queue_stops_the_worker_without_mutati
         .execute(pool)
         .await
         .unwrap();
-    let run_id: uuid::Uuid =
-        sqlx::query_scalar("select run_id from pgflow.start_flow('compatFlow', '\"hey\"'::jsonb)")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let run_id = pgflow_tests::state::start(pool, "compatFlow", json!("hey")).await;
     let foreign: i64 =
         sqlx::query_scalar("select pgmq.send('compatflow', '{\"not\": \"a task\"}'::jsonb)")
             .fetch_one(pool)

@@ -79,7 +79,7 @@ async fn exhausted_retries_fail_the_run_and_waiting_names_the_step_and_message()
             .contains("in step `always_fails`: cannot reach x"),
         "{err}"
     );
-    assert_eq!(support::live_tasks(pool, run.run_id()).await, 0);
+    assert_eq!(support::active_tasks(pool, run.run_id()).await, 0);
     worker.stop().await;
 }
 

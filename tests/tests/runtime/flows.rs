@@ -234,7 +234,7 @@ async fn conditions_run_met_steps_and_skip_unmet_ones_with_their_modes() {
         support::step_status(pool, run, "summary").await,
         "completed"
     );
-    assert_eq!(support::live_tasks(pool, run).await, 0);
+    assert_eq!(support::active_tasks(pool, run).await, 0);
     let state = chat.state().await.unwrap().unwrap();
     assert_eq!(state.step("page").unwrap().status, "skipped");
     assert_eq!(state.run.output.unwrap()["summary"], json!("chat: none"));

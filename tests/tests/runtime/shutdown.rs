@@ -137,14 +137,7 @@ async fn a_disabled_worker_function_refuses_to_start_and_stops_running_workers()
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
     let worker = support::spawn::<sleepy::Sleepy>(pool).await;
-    pgflow_tests::wait_until(LIMIT, "the worker to register", || async {
-        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-            == 1
-    })
-    .await;
+    support::wait_for_workers(pool, 1).await;
     sqlx::query(
         "update pgflow.worker_functions set enabled = false where function_name = 'sleepyflow'",
     )
@@ -180,14 +173,7 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
         .kill_on_drop(true)
         .spawn()
         .expect("spawn crashy_worker");
-    pgflow_tests::wait_until(LIMIT, "the child to compile the flow", || async {
-        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-            == 1
-    })
-    .await;
+    support::wait_for_workers(pool, 1).await;
     let client = Client::new(pool.clone());
     let run = client.start::<CrashFlow>(&21).await.unwrap();
     pgflow_tests::wait_until(LIMIT, "the child to claim the task", || async {

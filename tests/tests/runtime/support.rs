@@ -1,14 +1,17 @@
-//! Shared helpers: fast worker settings, spawning workers, reading task state.
+//! Helpers of the runtime tests: fast worker settings, spawning workers, waiting for them.
+//!
+//! Reading run, step and task rows is shared with the SQL tests ([`pgflow_tests::state`]) and
+//! re-exported here.
 
 use std::time::Duration;
 
 use pgflow_runtime::{Flow, Worker, WorkerBuilder, WorkerHandle, WorkerReport};
+pub(crate) use pgflow_tests::state::{
+    active_tasks, run_output, run_status, step_status, task, wait_finished,
+};
+pub(crate) use pgflow_tests::LIMIT;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use uuid::Uuid;
-
-/// Generous limit for bounded waits.
-pub(crate) const LIMIT: Duration = Duration::from_secs(30);
 
 /// Settings that keep tests fast.
 pub(crate) fn fast<F: Flow>(b: WorkerBuilder<F>) -> WorkerBuilder<F> {
@@ -58,60 +61,15 @@ pub(crate) async fn spawn_with<F: Flow>(builder: WorkerBuilder<F>) -> Running {
     )
 }
 
-/// `pgflow.runs.status`.
-pub(crate) async fn run_status(pool: &PgPool, run: Uuid) -> String {
-    sqlx::query_scalar("select status from pgflow.runs where run_id = $1")
-        .bind(run)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-/// Waits until the run is no longer `started`; returns its status.
-pub(crate) async fn wait_finished(pool: &PgPool, run: Uuid) -> String {
-    pgflow_tests::wait_until(LIMIT, "the run to finish", || async {
-        run_status(pool, run).await != "started"
+/// Waits until `count` workers are registered (spawned here or by a child process).
+pub(crate) async fn wait_for_workers(pool: &PgPool, count: i64) {
+    let what = format!("{count} registered worker(s)");
+    pgflow_tests::wait_until(LIMIT, &what, || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.workers")
+            .fetch_one(pool)
+            .await
+            .expect("count workers")
+            == count
     })
     .await;
-    run_status(pool, run).await
-}
-
-/// `(status, attempts_count, error_message)` of one task.
-pub(crate) async fn task(
-    pool: &PgPool,
-    run: Uuid,
-    step: &str,
-    index: i32,
-) -> (String, i32, Option<String>) {
-    sqlx::query_as(
-        "select status, attempts_count, error_message from pgflow.step_tasks \
-         where run_id = $1 and step_slug = $2 and task_index = $3",
-    )
-    .bind(run)
-    .bind(step)
-    .bind(index)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-/// Tasks of the run still `queued` or `started`.
-pub(crate) async fn live_tasks(pool: &PgPool, run: Uuid) -> i64 {
-    sqlx::query_scalar(
-        "select count(*) from pgflow.step_tasks where run_id = $1 and status in ('queued', 'started')",
-    )
-    .bind(run)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-/// `pgflow.step_states.status`.
-pub(crate) async fn step_status(pool: &PgPool, run: Uuid, step: &str) -> String {
-    sqlx::query_scalar("select status from pgflow.step_states where run_id = $1 and step_slug = $2")
-        .bind(run)
-        .bind(step)
-        .fetch_one(pool)
-        .await
-        .unwrap()
 }

@@ -158,15 +158,8 @@ pub(crate) fn ids(v: &Value) -> Vec<i64> {
 
 /// (status, attempts_count) of a task.
 pub(crate) async fn task_state(pool: &PgPool, run: Uuid, step: &str, index: i32) -> (String, i32) {
-    sqlx::query_as(
-        "select status, attempts_count from pgflow.step_tasks where run_id = $1 and step_slug = $2 and task_index = $3",
-    )
-    .bind(run)
-    .bind(step)
-    .bind(index)
-    .fetch_one(pool)
-    .await
-    .expect("task state")
+    let (status, attempts, _error) = pgflow_tests::state::task(pool, run, step, index).await;
+    (status, attempts)
 }
 
 /// The message id of a task.

@@ -1,5 +1,9 @@
-//! Helpers shared by the SQL tests: defining flows, claiming, completing and inspecting state.
+//! Helpers of the SQL tests: running SQL, claiming, completing and inspecting tasks and queues.
+//!
+//! Starting runs and reading run, step and task rows are shared with the runtime tests
+//! ([`pgflow_tests::state`]) and re-exported here.
 
+pub(crate) use pgflow_tests::state::{active_tasks, run_output, run_status, start, step_status};
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -48,16 +52,6 @@ pub(crate) async fn register_worker(pool: &PgPool) {
     .execute(pool)
     .await
     .expect("register worker");
-}
-
-/// Starts a run and returns its id.
-pub(crate) async fn start(pool: &PgPool, flow: &str, input: Value) -> Uuid {
-    sqlx::query_scalar("select run_id from pgflow.start_flow(flow_slug => $1, input => $2)")
-        .bind(flow)
-        .bind(input)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("start_flow({flow}): {e}"))
 }
 
 /// Reads up to `qty` visible messages of `queue` and claims them with the three-argument start_tasks.
@@ -125,31 +119,6 @@ pub(crate) async fn fail(pool: &PgPool, run: Uuid, step: &str, index: i32, error
     .unwrap_or_else(|e| panic!("fail_task({step}/{index}): {e}"))
 }
 
-pub(crate) async fn run_status(pool: &PgPool, run: Uuid) -> String {
-    sqlx::query_scalar("select status from pgflow.runs where run_id = $1")
-        .bind(run)
-        .fetch_one(pool)
-        .await
-        .expect("run status")
-}
-
-pub(crate) async fn run_output(pool: &PgPool, run: Uuid) -> Option<Value> {
-    sqlx::query_scalar("select output from pgflow.runs where run_id = $1")
-        .bind(run)
-        .fetch_one(pool)
-        .await
-        .expect("run output")
-}
-
-pub(crate) async fn step_status(pool: &PgPool, run: Uuid, step: &str) -> String {
-    sqlx::query_scalar("select status from pgflow.step_states where run_id = $1 and step_slug = $2")
-        .bind(run)
-        .bind(step)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("step status of {step}: {e}"))
-}
-
 pub(crate) async fn skip_reason(pool: &PgPool, run: Uuid, step: &str) -> Option<String> {
     sqlx::query_scalar(
         "select skip_reason from pgflow.step_states where run_id = $1 and step_slug = $2",
@@ -171,17 +140,6 @@ pub(crate) async fn task_statuses(pool: &PgPool, run: Uuid, step: &str) -> Vec<S
     .fetch_all(pool)
     .await
     .expect("task statuses")
-}
-
-/// Number of tasks of the run that are still queued or started.
-pub(crate) async fn active_tasks(pool: &PgPool, run: Uuid) -> i64 {
-    sqlx::query_scalar(
-        "select count(*) from pgflow.step_tasks where run_id = $1 and status in ('queued', 'started')",
-    )
-    .bind(run)
-    .fetch_one(pool)
-    .await
-    .expect("active tasks")
 }
 
 /// Number of messages still live (not archived) in a queue.
