@@ -60,16 +60,23 @@ pub fn init_tracing() {
 
 /// A flow shared by the integration tests and the `crashy_worker` binary.
 ///
-/// Its one step blocks forever when the environment variable `CRASHY_BLOCK` is set (the child
-/// process that gets killed), and returns its input doubled otherwise.
+/// Its one step blocks forever in a process that set [`crash_flow::BLOCK`] (only the
+/// `crashy_worker` child, which the test kills mid-task), and returns its input doubled otherwise.
+/// The switch is process-local state rather than an environment variable, so nothing the test
+/// process inherits can make its own worker block.
 #[pgflow_runtime::flow(slug = "crashFlow", input = i64, timeout = 2)]
 pub mod crash_flow {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use pgflow_runtime::StepError;
+
+    /// Set by the `crashy_worker` binary at startup: its `work` tasks never finish.
+    pub static BLOCK: AtomicBool = AtomicBool::new(false);
 
     /// Blocks in the crashy child; doubles elsewhere.
     #[step]
     async fn work(n: i64) -> Result<i64, StepError> {
-        if std::env::var_os("CRASHY_BLOCK").is_some() {
+        if BLOCK.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
         Ok(n * 2)

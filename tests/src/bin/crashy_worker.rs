@@ -1,13 +1,15 @@
 //! Runs a worker for `crashFlow` on the database URL given as the only argument, until killed.
-//! The integration tests start it with `CRASHY_BLOCK=1` and kill it with SIGKILL mid-task.
+//! Its tasks block forever; the integration tests kill it with SIGKILL mid-task.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use pgflow_runtime::Worker;
-use pgflow_tests::crash_flow::CrashFlow;
+use pgflow_tests::crash_flow::{CrashFlow, BLOCK};
 
 #[tokio::main]
 async fn main() {
+    BLOCK.store(true, Ordering::SeqCst);
     let url = std::env::args()
         .nth(1)
         .expect("usage: crashy_worker <database-url>");

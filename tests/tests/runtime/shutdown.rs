@@ -169,7 +169,6 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
     let pool = db.pool();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_crashy_worker"))
         .arg(db.url())
-        .env("CRASHY_BLOCK", "1")
         .kill_on_drop(true)
         .spawn()
         .expect("spawn crashy_worker");
