@@ -1,5 +1,5 @@
-//! The seeds' downstream validation: community threads go through a slow, variable `classify`
-//! step, then a fast `deliverSlack` that runs only for threads classified as `help`.
+//! The community-threads pipeline: threads go through a slow, variable `classify` step, then a
+//! fast `deliverSlack` that runs only for threads classified as `help`.
 //!
 //! The same flow is deployed twice under two concrete slugs, because queue mode belongs to a
 //! concrete flow: [`community_plain`] (one queue, one plain worker) and

@@ -1,5 +1,5 @@
-//! The seeds' downstream validation: a two-stage community-threads pipeline run in plain mode and
-//! in per-step-queue mode, with the starvation comparison.
+//! The two-stage community-threads pipeline (a slow `classify` step feeding a fast `deliverSlack`
+//! step) run in plain mode and in per-step-queue mode, with the starvation comparison.
 //!
 //! `cargo run -p pgflow-examples --bin community_threads [-- --threads 200]`
 //!
@@ -10,20 +10,32 @@
 //! (4 handlers). The program prints how long deliveries waited (ready → done, from the
 //! database's step timestamps) in each mode, and fails unless every run completed.
 //!
-//! With `DATABASE_URL` unset it uses a throwaway PostgreSQL, removed at exit.
+//! With `DATABASE_URL` unset it uses a throwaway PostgreSQL, removed at exit. Errors are printed
+//! as one line (for example, which package to install when PostgreSQL is missing).
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use pgflow_examples::community::{run_mode, table, BoxError, Mode};
 use pgflow_sql::throwaway::{fresh_database, Contents};
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("community_threads: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), BoxError> {
     let mut threads: i64 = 200;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {

@@ -8,6 +8,7 @@
 //! compute each step's output, and report it with `pgflow.complete_task`. Any language that can
 //! run SQL can drive flows this way; the Rust workers in `pgflow-runtime` do the same, faster.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use pgflow_sql::throwaway::{fresh_database, Contents};
@@ -16,7 +17,17 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sql_quickstart: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let db = fresh_database(Contents::Empty).await?;
     let pool = db.pool();
     let report = pgflow_sql::install(pool).await?;
