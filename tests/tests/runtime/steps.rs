@@ -22,7 +22,7 @@ pub struct Label {
     pub route: String,
 }
 
-#[flow(slug = "communityV1", input = Thread)]
+#[flow(slug = "communityV1", input = Thread, step_queues)]
 mod community {
     use super::*;
 
