@@ -1,5 +1,6 @@
-//! The community-threads pipeline: threads go through a slow, variable `classify` step, then a
-//! fast `deliverSlack` that runs only for threads classified as `help`.
+//! A community-support pipeline, the workload per-step queues are for: threads go through a slow,
+//! variable `classify` step, then a fast `deliverSlack` that runs only for threads classified as
+//! `help`.
 //!
 //! The same flow is deployed twice under two concrete slugs, because queue mode belongs to a
 //! concrete flow: [`community_plain`] (one queue, one plain worker) and
@@ -74,8 +75,9 @@ pub mod community_plain {
     }
 }
 
-/// The same pipeline deployed with one private queue per step ([`StepQueued`]).
-#[pgflow_runtime::flow(slug = "communityThreadsStepQueued", input = Thread)]
+/// The same pipeline deployed with one private queue per step ([`StepQueued`]): `step_queues`
+/// opts in, and the macro resolves each step's queue while it expands.
+#[pgflow_runtime::flow(slug = "communityThreadsStepQueued", input = Thread, step_queues)]
 pub mod community_step_queued {
     use super::{Classification, StepError, Thread};
 

@@ -1,13 +1,124 @@
-//! Reads the flow module: finds, parses and removes the `#[step]` attributes, reads handler signatures.
+//! The flow as the macro sees it: the module, its attributes, and one item per step holding the
+//! step's parsed attributes, its handler signature and what the checks work out about it.
+//!
+//! Reading finds, parses and removes the `#[step]` attributes and reads the handler signatures;
+//! `check` then validates and fills in the resolved parts (dependencies, conditions, routes).
 
-use proc_macro2::TokenStream;
+use heck::ToUpperCamelCase;
+use proc_macro2::{Span, TokenStream};
+use serde_json::Value;
 use syn::spanned::Spanned;
 use syn::{
-    FnArg, GenericArgument, Ident, Item, ItemMod, Meta, Pat, PathArguments, ReturnType, Type,
+    FnArg, GenericArgument, Ident, Item, ItemMod, Meta, Pat, Path, PathArguments, ReturnType, Type,
 };
 
-use crate::attr::{parse_step_attr, StepAttr};
+use crate::attr::{parse_step_attr, FlowAttr, Mode, StepAttr};
 use crate::ctxt::Ctxt;
+
+/// A slug with the token it comes from (a `slug = ".."` literal, or the module or function name).
+pub(crate) struct Slug {
+    pub(crate) value: String,
+    pub(crate) span: Span,
+}
+
+/// The flow: the `#[flow(...)]` arguments, the module and its steps in source order.
+pub(crate) struct Flow {
+    pub(crate) attrs: FlowAttr,
+    /// The module, with every `#[step]` attribute removed.
+    pub(crate) module: ItemMod,
+    pub(crate) slug: Slug,
+    /// The generated flow type (`name = ..`, or the module name in UpperCamelCase).
+    pub(crate) ident: Ident,
+    /// Where `pgflow_runtime` lives (`crate = ".."`).
+    pub(crate) krate: Path,
+    pub(crate) steps: Vec<Step>,
+    /// Every step's queue, in step order; set by `check` for a valid flow with `step_queues`.
+    pub(crate) routes: Option<Vec<String>>,
+}
+
+/// Single or map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Single,
+    Map,
+}
+
+/// Where a map step's array comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum MapFrom {
+    /// A root map over the flow input; the span of the `map` keyword.
+    FlowInput(Span),
+    /// `map = dep`; the dependency index and the span of `dep`.
+    Dep(usize, Span),
+}
+
+/// A resolved dependency: the index of the step depended on, and the name as written.
+pub(crate) struct Dep {
+    pub(crate) index: usize,
+    pub(crate) ident: Ident,
+}
+
+/// One `#[step]` function: its attributes and handler, and what `check` works out about it.
+pub(crate) struct Step {
+    pub(crate) attrs: StepAttr,
+    pub(crate) handler: Handler,
+    pub(crate) slug: Slug,
+    /// The variant of the generated `Step` enum.
+    pub(crate) variant: Ident,
+    /// Resolved dependencies (from `depends_on`, or the source of `map = dep`).
+    pub(crate) deps: Vec<Dep>,
+    pub(crate) map_from: Option<MapFrom>,
+    /// The `if` pattern with top-level keys as dependency slugs.
+    pub(crate) if_value: Option<Value>,
+    /// The `if_not` pattern with top-level keys as dependency slugs.
+    pub(crate) if_not_value: Option<Value>,
+    /// May be skipped while dependents still run (dependents take `Option`).
+    pub(crate) skippable: bool,
+    /// May be skipped together with its dependents (own or inherited `skip_cascade`).
+    pub(crate) cascaded: bool,
+}
+
+impl Step {
+    pub(crate) fn fn_name(&self) -> String {
+        self.handler.fn_name()
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        if self.attrs.map.is_set() {
+            Kind::Map
+        } else {
+            Kind::Single
+        }
+    }
+
+    pub(crate) fn has_condition(&self) -> bool {
+        self.attrs.if_pattern.is_set() || self.attrs.if_not_pattern.is_set()
+    }
+
+    /// `when_unmet`, default `skip`.
+    pub(crate) fn when_unmet(&self) -> Mode {
+        self.attrs.when_unmet.get().copied().unwrap_or(Mode::Skip)
+    }
+
+    /// `when_exhausted`, default `fail`.
+    pub(crate) fn when_exhausted(&self) -> Mode {
+        self.attrs
+            .when_exhausted
+            .get()
+            .copied()
+            .unwrap_or(Mode::Fail)
+    }
+
+    /// May be missing from the run output (own skip, or an ancestor's cascade).
+    pub(crate) fn may_be_absent(&self) -> bool {
+        self.skippable || self.cascaded
+    }
+
+    /// Whether the handler takes the flow input or one array element rather than dependencies.
+    pub(crate) fn takes_one_value(&self) -> bool {
+        self.kind() == Kind::Map || (self.deps.is_empty() && !self.attrs.depends_on.is_set())
+    }
+}
 
 /// One handler parameter.
 pub(crate) struct Param {
@@ -24,24 +135,18 @@ pub(crate) struct Param {
 impl Param {
     /// The name without a leading underscore, as matched against dependencies.
     pub(crate) fn dep_name(&self) -> String {
-        let n = self.name.unraw_string();
+        let n = unraw(&self.name);
         n.strip_prefix('_').map(str::to_owned).unwrap_or(n)
     }
 }
 
-trait UnrawString {
-    fn unraw_string(&self) -> String;
+/// An identifier as a string, without `r#`.
+pub(crate) fn unraw(ident: &Ident) -> String {
+    syn::ext::IdentExt::unraw(ident).to_string()
 }
 
-impl UnrawString for Ident {
-    fn unraw_string(&self) -> String {
-        syn::ext::IdentExt::unraw(self).to_string()
-    }
-}
-
-/// One `#[step]` function.
+/// A step function's signature.
 pub(crate) struct Handler {
-    pub(crate) attr: StepAttr,
     pub(crate) ident: Ident,
     pub(crate) params: Vec<Param>,
     /// `T` of `Result<T, E>`.
@@ -54,15 +159,62 @@ pub(crate) struct Handler {
 
 impl Handler {
     pub(crate) fn fn_name(&self) -> String {
-        self.ident.unraw_string()
+        unraw(&self.ident)
+    }
+
+    /// The parameters that carry values (all but the `StepContext`), with their positions.
+    pub(crate) fn value_params(&self) -> impl Iterator<Item = (usize, &Param)> {
+        self.params.iter().enumerate().filter(|(_, p)| !p.is_ctx)
+    }
+}
+
+impl Flow {
+    /// Reads the module: finds and strips the `#[step]` attributes and reads every step.
+    pub(crate) fn read(cx: &Ctxt, attrs: FlowAttr, mut module: ItemMod) -> Flow {
+        let steps = read_steps(cx, &mut module);
+        let slug = match attrs.slug.get() {
+            Some(l) => Slug {
+                value: l.value(),
+                span: l.span(),
+            },
+            None => Slug {
+                value: module.ident.to_string(),
+                span: module.ident.span(),
+            },
+        };
+        let ident = attrs.name.get().cloned().unwrap_or_else(|| {
+            Ident::new(
+                &module.ident.to_string().to_upper_camel_case(),
+                module.ident.span(),
+            )
+        });
+        let krate = attrs
+            .krate
+            .get()
+            .cloned()
+            .unwrap_or_else(|| syn::parse_quote!(::pgflow_runtime));
+        Flow {
+            attrs,
+            module,
+            slug,
+            ident,
+            krate,
+            steps,
+            routes: None,
+        }
+    }
+
+    /// The index of the step whose function has this name.
+    pub(crate) fn step_by_fn(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.fn_name() == name)
     }
 }
 
 /// Finds the `#[step]` functions in `module`, strips their attributes, and reads them.
-pub(crate) fn read_steps(cx: &Ctxt, module: &mut ItemMod) -> Vec<Handler> {
-    let mut handlers = Vec::new();
+fn read_steps(cx: &Ctxt, module: &mut ItemMod) -> Vec<Step> {
+    let mut steps = Vec::new();
     let Some((_, items)) = module.content.as_mut() else {
-        return handlers;
+        return steps;
     };
     for item in items.iter_mut() {
         let attrs = match item {
@@ -109,13 +261,39 @@ pub(crate) fn read_steps(cx: &Ctxt, module: &mut ItemMod) -> Vec<Handler> {
                 TokenStream::new()
             }
         };
-        let attr = parse_step_attr(cx, tokens);
-        handlers.push(read_handler(cx, attr, f));
+        let attrs = parse_step_attr(cx, tokens);
+        let handler = read_handler(cx, f);
+        let slug = match attrs.slug.get() {
+            Some(l) => Slug {
+                value: l.value(),
+                span: l.span(),
+            },
+            None => Slug {
+                value: handler.fn_name(),
+                span: handler.ident.span(),
+            },
+        };
+        let variant = Ident::new(
+            &handler.fn_name().to_upper_camel_case(),
+            handler.ident.span(),
+        );
+        steps.push(Step {
+            attrs,
+            handler,
+            slug,
+            variant,
+            deps: Vec::new(),
+            map_from: None,
+            if_value: None,
+            if_not_value: None,
+            skippable: false,
+            cascaded: false,
+        });
     }
-    handlers
+    steps
 }
 
-fn read_handler(cx: &Ctxt, attr: StepAttr, f: &syn::ItemFn) -> Handler {
+fn read_handler(cx: &Ctxt, f: &syn::ItemFn) -> Handler {
     let sig = &f.sig;
     let mut sig_ok = true;
     if sig.asyncness.is_none() {
@@ -228,7 +406,6 @@ fn read_handler(cx: &Ctxt, attr: StepAttr, f: &syn::ItemFn) -> Handler {
         },
     };
     Handler {
-        attr,
         ident: sig.ident.clone(),
         params,
         output,

@@ -1,4 +1,8 @@
-//! Parsing of the `#[flow(...)]` and `#[step(...)]` arguments. Errors are collected, not thrown.
+//! Parsing of the `#[flow(...)]` and `#[step(...)]` arguments into typed slots. Errors are collected.
+//!
+//! Each attribute has one table of options ([`FLOW_OPTIONS`], [`STEP_OPTIONS`]): the key, how it is
+//! written, and which slot its value goes to. The same table drives parsing and the list of keys in
+//! the unknown-option error. Each slot ([`Attr`]) reports its own duplicate.
 
 use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
@@ -8,6 +12,46 @@ use syn::{bracketed, Ident, LitInt, LitStr, Path, Token, Type};
 
 use crate::ctxt::{did_you_mean, Ctxt};
 use crate::pattern::{parse_pattern, Pattern};
+
+/// One option's slot: unset, or set once with the key it was written with.
+pub(crate) struct Attr<T> {
+    set: Option<(Ident, T)>,
+}
+
+impl<T> Default for Attr<T> {
+    fn default() -> Self {
+        Attr { set: None }
+    }
+}
+
+impl<T> Attr<T> {
+    /// Stores the value; a second occurrence of the key is an error on that key.
+    fn set(&mut self, key: &Ident, value: T) -> syn::Result<()> {
+        if self.set.is_some() {
+            return Err(syn::Error::new(
+                key.span(),
+                format!("duplicate `{key}` option"),
+            ));
+        }
+        self.set = Some((key.clone(), value));
+        Ok(())
+    }
+
+    /// The value, when the option was given.
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.set.as_ref().map(|(_, v)| v)
+    }
+
+    /// The key as written, when the option was given (for errors about the option as a whole).
+    pub(crate) fn key(&self) -> Option<&Ident> {
+        self.set.as_ref().map(|(k, _)| k)
+    }
+
+    /// Whether the option was given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.is_some()
+    }
+}
 
 /// An integer option with the span of its value.
 #[derive(Debug, Clone, Copy)]
@@ -34,83 +78,157 @@ impl Mode {
     }
 }
 
+/// The retry and timing options. A flow has all but `start_delay`; a step has all four.
+#[derive(Default)]
+pub(crate) struct RunOptions {
+    pub(crate) max_attempts: Attr<IntOpt>,
+    pub(crate) base_delay: Attr<IntOpt>,
+    pub(crate) timeout: Attr<IntOpt>,
+    pub(crate) start_delay: Attr<IntOpt>,
+}
+
 /// The arguments of `#[flow(...)]`.
 #[derive(Default)]
 pub(crate) struct FlowAttr {
-    pub(crate) slug: Option<LitStr>,
-    pub(crate) input: Option<Type>,
-    pub(crate) name: Option<Ident>,
-    pub(crate) krate: Option<Path>,
-    pub(crate) max_attempts: Option<IntOpt>,
-    pub(crate) base_delay: Option<IntOpt>,
-    pub(crate) timeout: Option<IntOpt>,
-}
-
-/// How a map step gets its array.
-#[derive(Debug, Clone)]
-pub(crate) struct MapAttr {
-    /// The `map` keyword.
-    pub(crate) keyword: Ident,
-    /// `map = dep`; `None` for a root map over the flow input.
-    pub(crate) source: Option<Ident>,
+    pub(crate) slug: Attr<LitStr>,
+    pub(crate) input: Attr<Type>,
+    pub(crate) name: Attr<Ident>,
+    pub(crate) krate: Attr<Path>,
+    pub(crate) step_queues: Attr<()>,
+    pub(crate) options: RunOptions,
 }
 
 /// The arguments of one `#[step(...)]`.
 #[derive(Default)]
 pub(crate) struct StepAttr {
-    pub(crate) slug: Option<LitStr>,
-    pub(crate) depends_on: Option<(Ident, Vec<Ident>)>,
-    pub(crate) map: Option<MapAttr>,
-    pub(crate) if_pattern: Option<Pattern>,
-    pub(crate) if_not_pattern: Option<Pattern>,
-    pub(crate) when_unmet: Option<(Mode, Ident)>,
-    pub(crate) when_exhausted: Option<(Mode, Ident)>,
-    pub(crate) max_attempts: Option<IntOpt>,
-    pub(crate) base_delay: Option<IntOpt>,
-    pub(crate) timeout: Option<IntOpt>,
-    pub(crate) start_delay: Option<IntOpt>,
+    pub(crate) slug: Attr<LitStr>,
+    pub(crate) depends_on: Attr<Vec<Ident>>,
+    /// `map` (over the flow input, `None`) or `map = dep` (`Some(dep)`); the key is the keyword.
+    pub(crate) map: Attr<Option<Ident>>,
+    pub(crate) if_pattern: Attr<Pattern>,
+    pub(crate) if_not_pattern: Attr<Pattern>,
+    pub(crate) when_unmet: Attr<Mode>,
+    pub(crate) when_exhausted: Attr<Mode>,
+    pub(crate) options: RunOptions,
 }
 
-const FLOW_KEYS: &[&str] = &[
-    "slug",
-    "input",
-    "name",
-    "crate",
-    "max_attempts",
-    "base_delay",
-    "timeout",
-];
-const STEP_KEYS: &[&str] = &[
-    "depends_on",
-    "slug",
-    "map",
-    "if",
-    "if_not",
-    "when_unmet",
-    "when_exhausted",
-    "max_attempts",
-    "base_delay",
-    "timeout",
-    "start_delay",
+/// How an option is written, with the function that parses its value into the attribute.
+enum Form<A> {
+    /// `key = value`.
+    Value(fn(&mut A, &Ident, ParseStream<'_>) -> syn::Result<()>),
+    /// `key` alone.
+    Flag(fn(&mut A, &Ident) -> syn::Result<()>),
+    /// `key` alone or `key = value`.
+    FlagOrValue(fn(&mut A, &Ident, Option<ParseStream<'_>>) -> syn::Result<()>),
+}
+
+/// One option of an attribute.
+struct Opt<A> {
+    key: &'static str,
+    form: Form<A>,
+}
+
+/// Every `#[flow(...)]` option, in the order the unknown-option error lists them.
+const FLOW_OPTIONS: &[Opt<FlowAttr>] = &[
+    Opt {
+        key: "slug",
+        form: Form::Value(|a, k, v| a.slug.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "input",
+        form: Form::Value(|a, k, v| a.input.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "name",
+        form: Form::Value(|a, k, v| a.name.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "crate",
+        form: Form::Value(|a, k, v| a.krate.set(k, v.parse::<LitStr>()?.parse()?)),
+    },
+    Opt {
+        key: "max_attempts",
+        form: Form::Value(|a, k, v| a.options.max_attempts.set(k, int(v)?)),
+    },
+    Opt {
+        key: "base_delay",
+        form: Form::Value(|a, k, v| a.options.base_delay.set(k, int(v)?)),
+    },
+    Opt {
+        key: "timeout",
+        form: Form::Value(|a, k, v| a.options.timeout.set(k, int(v)?)),
+    },
+    Opt {
+        key: "step_queues",
+        form: Form::Flag(|a, k| a.step_queues.set(k, ())),
+    },
 ];
 
-/// Runs `each` for every `key [= value]` pair; on a bad value, records it and skips to the next comma.
-fn parse_pairs(
-    cx: &Ctxt,
-    tokens: TokenStream,
-    mut each: impl FnMut(&Ident, ParseStream<'_>) -> syn::Result<()>,
-) {
+/// Every `#[step(...)]` option, in the order the unknown-option error lists them.
+const STEP_OPTIONS: &[Opt<StepAttr>] = &[
+    Opt {
+        key: "depends_on",
+        form: Form::Value(|a, k, v| a.depends_on.set(k, ident_list(v)?)),
+    },
+    Opt {
+        key: "slug",
+        form: Form::Value(|a, k, v| a.slug.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "map",
+        form: Form::FlagOrValue(|a, k, v| a.map.set(k, v.map(|v| v.parse()).transpose()?)),
+    },
+    Opt {
+        key: "if",
+        form: Form::Value(|a, k, v| a.if_pattern.set(k, parse_pattern(v)?)),
+    },
+    Opt {
+        key: "if_not",
+        form: Form::Value(|a, k, v| a.if_not_pattern.set(k, parse_pattern(v)?)),
+    },
+    Opt {
+        key: "when_unmet",
+        form: Form::Value(|a, k, v| a.when_unmet.set(k, mode(v)?)),
+    },
+    Opt {
+        key: "when_exhausted",
+        form: Form::Value(|a, k, v| a.when_exhausted.set(k, mode(v)?)),
+    },
+    Opt {
+        key: "max_attempts",
+        form: Form::Value(|a, k, v| a.options.max_attempts.set(k, int(v)?)),
+    },
+    Opt {
+        key: "base_delay",
+        form: Form::Value(|a, k, v| a.options.base_delay.set(k, int(v)?)),
+    },
+    Opt {
+        key: "timeout",
+        form: Form::Value(|a, k, v| a.options.timeout.set(k, int(v)?)),
+    },
+    Opt {
+        key: "start_delay",
+        form: Form::Value(|a, k, v| a.options.start_delay.set(k, int(v)?)),
+    },
+];
+
+/// Parses `#[flow(...)]` arguments.
+pub(crate) fn parse_flow_attr(cx: &Ctxt, tokens: TokenStream) -> FlowAttr {
+    parse_options(cx, tokens, FLOW_OPTIONS, "flow")
+}
+
+/// Parses `#[step]` / `#[step(...)]` arguments.
+pub(crate) fn parse_step_attr(cx: &Ctxt, tokens: TokenStream) -> StepAttr {
+    parse_options(cx, tokens, STEP_OPTIONS, "step")
+}
+
+/// Reads `key [= value], ...` against `table`. A bad option is recorded and skipped up to the
+/// next comma, so every mistake of one attribute is reported.
+fn parse_options<A: Default>(cx: &Ctxt, tokens: TokenStream, table: &[Opt<A>], what: &str) -> A {
+    let mut attr = A::default();
     let parser = |input: ParseStream<'_>| -> syn::Result<()> {
         while !input.is_empty() {
-            let key = match input.call(Ident::parse_any) {
-                Ok(k) => k,
-                Err(e) => {
-                    cx.push(e);
-                    skip_to_comma(input);
-                    continue;
-                }
-            };
-            if let Err(e) = each(&key, input) {
+            if let Err(e) = parse_one(&mut attr, input, table, what) {
                 cx.push(e);
                 skip_to_comma(input);
             }
@@ -128,6 +246,40 @@ fn parse_pairs(
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
     }
+    attr
+}
+
+fn parse_one<A>(
+    attr: &mut A,
+    input: ParseStream<'_>,
+    table: &[Opt<A>],
+    what: &str,
+) -> syn::Result<()> {
+    let key = input.call(Ident::parse_any)?;
+    let Some(opt) = table.iter().find(|o| key == o.key) else {
+        if input.peek(Token![=]) {
+            input.parse::<Token![=]>()?;
+        }
+        return Err(unknown(&key, table, what));
+    };
+    let has_value = input.peek(Token![=]);
+    if has_value {
+        input.parse::<Token![=]>()?;
+    }
+    match (&opt.form, has_value) {
+        (Form::Value(set), true) => set(attr, &key, input),
+        (Form::Value(_), false) => Err(syn::Error::new(
+            key.span(),
+            format!("expected `{key} = ...`"),
+        )),
+        (Form::Flag(set), false) => set(attr, &key),
+        (Form::Flag(_), true) => Err(syn::Error::new(
+            key.span(),
+            format!("`{key}` takes no value; write just `{key}`"),
+        )),
+        (Form::FlagOrValue(set), true) => set(attr, &key, Some(input)),
+        (Form::FlagOrValue(set), false) => set(attr, &key, None),
+    }
 }
 
 fn skip_to_comma(input: ParseStream<'_>) {
@@ -136,27 +288,28 @@ fn skip_to_comma(input: ParseStream<'_>) {
     }
 }
 
-fn eq(input: ParseStream<'_>, key: &Ident) -> syn::Result<()> {
-    if input.peek(Token![=]) {
-        input.parse::<Token![=]>()?;
-        Ok(())
+fn unknown<A>(key: &Ident, table: &[Opt<A>], what: &str) -> syn::Error {
+    let k = key.to_string();
+    let keys: Vec<&str> = table.iter().map(|o| o.key).collect();
+    let extra = if what == "flow" && k == "start_delay" {
+        "; `start_delay` is a step option, put it on a `#[step(...)]`".to_owned()
     } else {
-        Err(syn::Error::new(
-            key.span(),
-            format!("expected `{key} = ...`"),
-        ))
-    }
+        did_you_mean(&k, keys.iter().copied())
+    };
+    syn::Error::new(
+        key.span(),
+        format!(
+            "unknown `#[{what}]` option `{k}`{extra}; expected one of: {}",
+            keys.join(", ")
+        ),
+    )
 }
 
-fn set<T>(slot: &mut Option<T>, key: &Ident, value: T) -> syn::Result<()> {
-    if slot.is_some() {
-        return Err(syn::Error::new(
-            key.span(),
-            format!("duplicate `{key}` option"),
-        ));
-    }
-    *slot = Some(value);
-    Ok(())
+fn ident_list(input: ParseStream<'_>) -> syn::Result<Vec<Ident>> {
+    let content;
+    bracketed!(content in input);
+    let list = Punctuated::<Ident, Token![,]>::parse_terminated(&content)?;
+    Ok(list.into_iter().collect())
 }
 
 fn int(input: ParseStream<'_>) -> syn::Result<IntOpt> {
@@ -179,175 +332,24 @@ fn int(input: ParseStream<'_>) -> syn::Result<IntOpt> {
     })
 }
 
-fn mode(input: ParseStream<'_>) -> syn::Result<(Mode, Ident)> {
-    let ident: Ident = if input.peek(LitStr) {
+fn mode(input: ParseStream<'_>) -> syn::Result<Mode> {
+    let (text, span) = if input.peek(LitStr) {
         let s: LitStr = input.parse()?;
-        Ident::new(&s.value().replace('-', "_"), s.span())
+        (s.value().replace('-', "_"), s.span())
     } else {
-        input.call(Ident::parse_any)?
+        let i = input.call(Ident::parse_any)?;
+        (i.to_string(), i.span())
     };
-    let m = match ident.to_string().as_str() {
-        "skip" => Mode::Skip,
-        "skip_cascade" => Mode::SkipCascade,
-        "fail" => Mode::Fail,
-        other => {
-            return Err(syn::Error::new(
-                ident.span(),
-                format!(
-                    "unknown mode `{other}`; expected `skip`, `skip_cascade` or `fail`{}",
-                    did_you_mean(other, ["skip", "skip_cascade", "fail"])
-                ),
-            ))
-        }
-    };
-    Ok((m, ident))
-}
-
-fn unknown(key: &Ident, known: &[&str], what: &str) -> syn::Error {
-    let k = key.to_string();
-    let extra = if what == "flow" && k == "start_delay" {
-        "; `start_delay` is a step option, put it on a `#[step(...)]`".to_owned()
-    } else {
-        did_you_mean(&k, known.iter().copied())
-    };
-    syn::Error::new(
-        key.span(),
-        format!(
-            "unknown `#[{what}]` option `{k}`{extra}; expected one of: {}",
-            known.join(", ")
-        ),
-    )
-}
-
-/// Parses `#[flow(...)]` arguments.
-pub(crate) fn parse_flow_attr(cx: &Ctxt, tokens: TokenStream) -> FlowAttr {
-    let mut a = FlowAttr::default();
-    parse_pairs(cx, tokens, |key, input| match key.to_string().as_str() {
-        "slug" => {
-            eq(input, key)?;
-            let v = input.parse()?;
-            set(&mut a.slug, key, v)
-        }
-        "input" => {
-            eq(input, key)?;
-            let v = input.parse()?;
-            set(&mut a.input, key, v)
-        }
-        "name" => {
-            eq(input, key)?;
-            let v = input.parse()?;
-            set(&mut a.name, key, v)
-        }
-        "crate" => {
-            eq(input, key)?;
-            let s: LitStr = input.parse()?;
-            let p: Path = s.parse()?;
-            set(&mut a.krate, key, p)
-        }
-        "max_attempts" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.max_attempts, key, v)
-        }
-        "base_delay" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.base_delay, key, v)
-        }
-        "timeout" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.timeout, key, v)
-        }
-        _ => {
-            if input.peek(Token![=]) {
-                input.parse::<Token![=]>()?;
-            }
-            Err(unknown(key, FLOW_KEYS, "flow"))
-        }
-    });
-    a
-}
-
-/// Parses `#[step]` / `#[step(...)]` arguments.
-pub(crate) fn parse_step_attr(cx: &Ctxt, tokens: TokenStream) -> StepAttr {
-    let mut a = StepAttr::default();
-    parse_pairs(cx, tokens, |key, input| match key.to_string().as_str() {
-        "slug" => {
-            eq(input, key)?;
-            let v = input.parse()?;
-            set(&mut a.slug, key, v)
-        }
-        "depends_on" => {
-            eq(input, key)?;
-            let content;
-            bracketed!(content in input);
-            let list = Punctuated::<Ident, Token![,]>::parse_terminated(&content)?;
-            set(
-                &mut a.depends_on,
-                key,
-                (key.clone(), list.into_iter().collect()),
-            )
-        }
-        "map" => {
-            let source = if input.peek(Token![=]) {
-                input.parse::<Token![=]>()?;
-                Some(input.parse::<Ident>()?)
-            } else {
-                None
-            };
-            let m = MapAttr {
-                keyword: key.clone(),
-                source,
-            };
-            set(&mut a.map, key, m)
-        }
-        "if" => {
-            eq(input, key)?;
-            let p = parse_pattern(input)?;
-            set(&mut a.if_pattern, key, p)
-        }
-        "if_not" => {
-            eq(input, key)?;
-            let p = parse_pattern(input)?;
-            set(&mut a.if_not_pattern, key, p)
-        }
-        "when_unmet" => {
-            eq(input, key)?;
-            let (m, _) = mode(input)?;
-            set(&mut a.when_unmet, key, (m, key.clone()))
-        }
-        "when_exhausted" => {
-            eq(input, key)?;
-            let (m, _) = mode(input)?;
-            set(&mut a.when_exhausted, key, (m, key.clone()))
-        }
-        "max_attempts" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.max_attempts, key, v)
-        }
-        "base_delay" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.base_delay, key, v)
-        }
-        "timeout" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.timeout, key, v)
-        }
-        "start_delay" => {
-            eq(input, key)?;
-            let v = int(input)?;
-            set(&mut a.start_delay, key, v)
-        }
-        _ => {
-            if input.peek(Token![=]) {
-                input.parse::<Token![=]>()?;
-            }
-            Err(unknown(key, STEP_KEYS, "step"))
-        }
-    });
-    a
+    match text.as_str() {
+        "skip" => Ok(Mode::Skip),
+        "skip_cascade" => Ok(Mode::SkipCascade),
+        "fail" => Ok(Mode::Fail),
+        other => Err(syn::Error::new(
+            span,
+            format!(
+                "unknown mode `{other}`; expected `skip`, `skip_cascade` or `fail`{}",
+                did_you_mean(other, ["skip", "skip_cascade", "fail"])
+            ),
+        )),
+    }
 }

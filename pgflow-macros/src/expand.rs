@@ -1,118 +1,52 @@
-//! Emits the flow type, the step enum, the run output, dispatch and the spanned type checks.
+//! Emits the flow type, the step enum, the run output, dispatch, the per-step routes and the
+//! spanned type checks of a flow that passed every check.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
-use serde_json::{Map, Value};
 use syn::spanned::Spanned;
-use syn::{Ident, Item, ItemMod, Type};
+use syn::{Ident, ItemMod};
 
-use crate::ast::{Handler, Param};
-use crate::check::{Kind, MapFrom, Model, StepModel};
-use crate::queue_names;
+use crate::ast::{Flow, Kind, MapFrom, Step};
+use crate::shape::shape;
 
-/// The shape document, `{"steps": [...], "options": {...}}`.
-pub(crate) fn shape(model: &Model) -> Value {
-    let wrap = |p: &Option<Value>| -> Value {
-        match p {
-            None => serde_json::json!({ "defined": false }),
-            Some(v) => serde_json::json!({ "defined": true, "value": v }),
-        }
-    };
-    let steps: Vec<Value> = model
-        .steps
-        .iter()
-        .map(|s| {
-            let mut deps: Vec<&str> = s
-                .deps
-                .iter()
-                .map(|&d| model.steps[d].slug.as_str())
-                .collect();
-            deps.sort_unstable();
-            let mut o = Map::new();
-            o.insert("slug".into(), Value::from(s.slug.clone()));
-            o.insert(
-                "stepType".into(),
-                Value::from(if s.kind == Kind::Map { "map" } else { "single" }),
-            );
-            o.insert("dependencies".into(), Value::from(deps));
-            o.insert("whenUnmet".into(), Value::from(s.when_unmet.as_sql()));
-            o.insert(
-                "whenExhausted".into(),
-                Value::from(s.when_exhausted.as_sql()),
-            );
-            o.insert("requiredInputPattern".into(), wrap(&s.if_value));
-            o.insert("forbiddenInputPattern".into(), wrap(&s.if_not_value));
-            if !s.options.is_empty() {
-                o.insert("options".into(), Value::Object(s.options.clone()));
-            }
-            Value::Object(o)
-        })
-        .collect();
-    let mut doc = Map::new();
-    doc.insert("steps".into(), Value::Array(steps));
-    if !model.options.is_empty() {
-        doc.insert("options".into(), Value::Object(model.options.clone()));
-    }
-    Value::Object(doc)
+/// The path of the hidden module generated code uses: `<crate>::__private`.
+pub(crate) fn private(flow: &Flow) -> TokenStream {
+    let krate = &flow.krate;
+    quote!(#krate::__private)
 }
 
-fn output_type(h: &Handler, s: &StepModel) -> TokenStream {
-    let t = h.output.as_ref().map_or_else(|| quote!(()), |t| quote!(#t));
-    match s.kind {
-        Kind::Single => t,
-        Kind::Map => quote!(::std::vec::Vec<#t>),
-    }
+/// The flow input type, `serde_json::Value` when `input = ..` is missing (already an error).
+pub(crate) fn input_type(flow: &Flow) -> TokenStream {
+    let p = private(flow);
+    flow.attrs
+        .input
+        .get()
+        .map_or_else(|| quote!(#p::serde_json::Value), |t| quote!(#t))
 }
 
-/// Everything that replaces the `#[flow]` module. `ok == false` emits the fallback.
-pub(crate) fn expand(
-    model: &Model,
-    mut module: ItemMod,
-    handlers: &[Handler],
-    input: Option<&Type>,
-    ok: bool,
-) -> TokenStream {
-    let krate = &model.krate;
-    let p = quote!(#krate::__private);
-    let flow = &model.flow_ident;
-    let mod_ident = &module.ident.clone();
-    let vis = &module.vis.clone();
-    let slug = &model.slug;
-    let output_ident = format_ident!("{}Output", flow);
-    let variants: Vec<&Ident> = model.steps.iter().map(|s| &s.variant).collect();
-    let slugs: Vec<&str> = model.steps.iter().map(|s| s.slug.as_str()).collect();
-    let indices: Vec<usize> = (0..model.steps.len()).collect();
-    let kinds: Vec<TokenStream> = model
+/// The items every expansion puts into the module (the flow type, the step enum, a re-export
+/// module), and the re-export of the flow type next to the module. The fallback emits them too,
+/// so code naming them keeps compiling while the flow has errors.
+pub(crate) fn common_items(flow: &Flow) -> (Vec<TokenStream>, TokenStream) {
+    let p = private(flow);
+    let ident = &flow.ident;
+    let slug = &flow.slug.value;
+    let variants: Vec<&Ident> = flow.steps.iter().map(|s| &s.variant).collect();
+    let slugs: Vec<&str> = flow.steps.iter().map(|s| s.slug.value.as_str()).collect();
+    let indices: Vec<usize> = (0..flow.steps.len()).collect();
+    let kinds = flow.steps.iter().map(|s| match s.kind() {
+        Kind::Single => quote!(#p::StepKind::Single),
+        Kind::Map => quote!(#p::StepKind::Map),
+    });
+    let dep_lists = flow.steps.iter().map(|s| {
+        let d = s.deps.iter().map(|d| &flow.steps[d.index].variant);
+        quote!(&[#(Step::#d),*])
+    });
+    let variant_docs = flow
         .steps
         .iter()
-        .map(|s| match s.kind {
-            Kind::Single => quote!(#p::StepKind::Single),
-            Kind::Map => quote!(#p::StepKind::Map),
-        })
-        .collect();
-    let dep_lists: Vec<TokenStream> = model
-        .steps
-        .iter()
-        .map(|s| {
-            let d = s.deps.iter().map(|&d| &model.steps[d].variant);
-            quote!(&[#(Step::#d),*])
-        })
-        .collect();
-    let variant_docs: Vec<String> = model
-        .steps
-        .iter()
-        .map(|s| {
-            format!(
-                "Step `{}` (index {}).",
-                s.slug,
-                model
-                    .steps
-                    .iter()
-                    .position(|o| o.slug == s.slug)
-                    .unwrap_or(0)
-            )
-        })
-        .collect();
+        .enumerate()
+        .map(|(i, s)| format!("Step `{}` (index {i}).", s.slug.value));
     let flow_doc = format!("The flow `{slug}`, generated by `#[flow]`.");
 
     let step_enum = quote! {
@@ -174,7 +108,7 @@ pub(crate) fn expand(
         #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::marker::Copy, ::core::default::Default,
                  ::core::cmp::PartialEq, ::core::cmp::Eq, ::core::hash::Hash)]
         #[allow(unreachable_pub)]
-        pub struct #flow;
+        pub struct #ident;
     };
 
     // A glob re-export: the user's own `use module::Flow;` shadows it instead of clashing.
@@ -182,62 +116,70 @@ pub(crate) fn expand(
         #[doc(hidden)]
         #[allow(unreachable_pub)]
         pub mod __pgflow_flow_type {
-            pub use super::#flow;
+            pub use super::#ident;
         }
     };
-    let mut generated = vec![flow_struct, step_enum, reexport_mod];
+    let mod_ident = &flow.module.ident;
+    let vis = &flow.module.vis;
     let reexport = quote! {
         #[allow(unused_imports)]
         #vis use #mod_ident::__pgflow_flow_type::*;
     };
+    (vec![flow_struct, step_enum, reexport_mod], reexport)
+}
 
-    if !ok {
-        // Fallback: keep the module, the flow type and the enum readable without follow-on errors.
-        if let Some((_, items)) = module.content.as_mut() {
-            for item in items.iter_mut() {
-                if let Item::Fn(f) = item {
-                    if handlers.iter().any(|h| h.ident == f.sig.ident) {
-                        f.attrs.push(syn::parse_quote!(#[allow(dead_code)]));
-                    }
-                }
-            }
+/// Appends generated items to the module's body.
+pub(crate) fn push_items(module: &mut ItemMod, generated: Vec<TokenStream>) {
+    if let Some((_, items)) = module.content.as_mut() {
+        for g in generated {
+            let file: syn::File = syn::parse2(g).expect("generated items parse");
+            items.extend(file.items);
         }
-        let input = input.map_or_else(|| quote!(#p::serde_json::Value), |t| quote!(#t));
-        push_items(&mut module, generated);
-        return quote! {
-            #module
-            #reexport
-            impl #p::Flow for #mod_ident::#flow {
-                const SLUG: &'static str = #slug;
-                type Input = #input;
-                type Output = #p::serde_json::Value;
-                type Step = #mod_ident::Step;
-                fn shape() -> #p::serde_json::Value { ::core::panic!("flow `{}` has compile errors", #slug) }
-                fn dispatch(_: Self::Step, _: #p::serde_json::Value, _: #p::StepContext<Self>)
-                    -> #p::BoxFuture<'static, #p::Result<#p::serde_json::Value, #p::StepError>> {
-                    ::core::panic!("flow `{}` has compile errors", #slug)
-                }
-            }
-        };
-    };
+    }
+}
+
+fn output_type(step: &Step) -> TokenStream {
+    let t = step
+        .handler
+        .output
+        .as_ref()
+        .map_or_else(|| quote!(()), |t| quote!(#t));
+    match step.kind() {
+        Kind::Single => t,
+        Kind::Map => quote!(::std::vec::Vec<#t>),
+    }
+}
+
+/// Everything that replaces the `#[flow]` module of a flow without errors.
+pub(crate) fn expand(flow: &Flow) -> TokenStream {
+    let p = private(flow);
+    let ident = &flow.ident;
+    let slug = &flow.slug.value;
+    let mod_ident = &flow.module.ident;
+    let output_ident = format_ident!("{}Output", ident);
+    let (mut generated, reexport) = common_items(flow);
 
     // Run output: one field per leaf step.
-    let leaves: Vec<usize> = (0..model.steps.len())
-        .filter(|&i| !model.steps.iter().any(|s| s.deps.contains(&i)))
-        .collect();
-    let fields = leaves.iter().map(|&i| {
-        let s = &model.steps[i];
-        let h = &handlers[i];
-        let field = &h.ident;
-        let ty = output_type(h, s);
-        let step_slug = &s.slug;
-        let doc = format!("The output of leaf step `{step_slug}`{}.", if s.may_be_absent { " (`None` when it was skipped)" } else { "" });
-        if s.may_be_absent {
-            quote!(#[doc = #doc] #[serde(rename = #step_slug, default)] pub #field: ::core::option::Option<#ty>,)
-        } else {
-            quote!(#[doc = #doc] #[serde(rename = #step_slug)] pub #field: #ty,)
-        }
-    });
+    let fields = flow
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !flow.steps.iter().any(|s| s.deps.iter().any(|d| d.index == *i)))
+        .map(|(_, s)| {
+            let field = &s.handler.ident;
+            let ty = output_type(s);
+            let step_slug = &s.slug.value;
+            let absent = s.may_be_absent();
+            let doc = format!(
+                "The output of leaf step `{step_slug}`{}.",
+                if absent { " (`None` when it was skipped)" } else { "" }
+            );
+            if absent {
+                quote!(#[doc = #doc] #[serde(rename = #step_slug, default)] pub #field: ::core::option::Option<#ty>,)
+            } else {
+                quote!(#[doc = #doc] #[serde(rename = #step_slug)] pub #field: #ty,)
+            }
+        });
     let serde_path = quote!(#p::serde).to_string();
     let output_doc = format!("The run output of flow `{slug}`: the outputs of its leaf steps.");
     generated.push(quote! {
@@ -248,46 +190,40 @@ pub(crate) fn expand(
         pub struct #output_ident { #(#fields)* }
     });
 
-    // Dispatch.
-    let arms = model
-        .steps
-        .iter()
-        .zip(handlers)
-        .map(|(s, h)| dispatch_arm(model, s, h, handlers, &p));
+    let arms = flow.steps.iter().map(|s| dispatch_arm(flow, s, &p));
     generated.push(quote! {
         #[doc(hidden)]
         #[allow(unused_variables, unused_mut, unreachable_pub, clippy::all)]
         pub fn __pgflow_dispatch(
             step: Step,
             input: #p::serde_json::Value,
-            ctx: #p::StepContext<#flow>,
+            ctx: #p::StepContext<#ident>,
         ) -> #p::BoxFuture<'static, #p::Result<#p::serde_json::Value, #p::StepError>> {
             match step { #(#arms)* }
         }
     });
 
-    // Spanned type checks.
-    let checks = model
+    let checks = flow
         .steps
         .iter()
-        .zip(handlers)
         .enumerate()
-        .map(|(i, (s, h))| type_checks(model, i, s, h, handlers, &p));
+        .map(|(i, s)| type_checks(flow, i, s, &p));
     generated.push(quote! {
         const _: () = {
             #[allow(dead_code, non_camel_case_types, clippy::all)]
             fn __pgflow_type_checks() { #(#checks)* }
         };
     });
+    let mut module = flow.module.clone();
     push_items(&mut module, generated);
 
-    let shape_json = shape(model).to_string();
-    let routes = routes(model, mod_ident, &p);
-    let input = input.map_or_else(|| quote!(#p::serde_json::Value), |t| quote!(#t));
+    let shape_json = shape(flow).to_string();
+    let routes = routes(flow, &p);
+    let input = input_type(flow);
     quote! {
         #module
         #reexport
-        impl #p::Flow for #mod_ident::#flow {
+        impl #p::Flow for #mod_ident::#ident {
             const SLUG: &'static str = #slug;
             type Input = #input;
             type Output = #mod_ident::#output_ident;
@@ -302,38 +238,18 @@ pub(crate) fn expand(
     }
 }
 
-fn push_items(module: &mut ItemMod, generated: Vec<TokenStream>) {
-    if let Some((_, items)) = module.content.as_mut() {
-        for g in generated {
-            let file: syn::File = syn::parse2(g).expect("generated items parse");
-            items.extend(file.items);
-        }
-    }
-}
-
-fn routes(model: &Model, mod_ident: &Ident, p: &TokenStream) -> TokenStream {
-    let flow = &model.flow_ident;
-    let slugs: Vec<&str> = model.steps.iter().map(|s| s.slug.as_str()).collect();
-    let value = match queue_names::resolve_step_queues(&model.slug, &slugs) {
-        Ok(queues) => {
-            let v = model.steps.iter().map(|s| &s.variant);
-            quote!(&[#((#mod_ident::Step::#v, #queues)),*])
-        }
-        Err(e) => {
-            let span = match &e {
-                queue_names::ResolveError::Step(c) => model.steps[c.step_index].slug_span,
-                queue_names::ResolveError::Duplicate { second, .. } => {
-                    model.steps[second.1].slug_span
-                }
-                _ => model.slug_span,
-            };
-            let text = e.full_text();
-            quote_spanned!(span=> ::core::panic!(#text))
-        }
+/// `impl StepQueueRoutes` for a flow with `step_queues`; nothing for a flow on its single queue.
+fn routes(flow: &Flow, p: &TokenStream) -> TokenStream {
+    let Some(queues) = &flow.routes else {
+        return TokenStream::new();
     };
+    let ident = &flow.ident;
+    let mod_ident = &flow.module.ident;
+    let variants = flow.steps.iter().map(|s| &s.variant);
     quote! {
-        impl #p::StepQueueRoutes for #mod_ident::#flow {
-            const ROUTES: &'static [(#mod_ident::Step, &'static str)] = #value;
+        impl #p::StepQueueRoutes for #mod_ident::#ident {
+            const ROUTES: &'static [(#mod_ident::Step, &'static str)] =
+                &[#((#mod_ident::Step::#variants, #queues)),*];
         }
     }
 }
@@ -342,8 +258,9 @@ fn local(i: usize) -> Ident {
     format_ident!("__pgflow_arg{}", i)
 }
 
-fn call_args(h: &Handler) -> Vec<TokenStream> {
-    h.params
+fn call_args(step: &Step) -> Vec<TokenStream> {
+    step.handler
+        .params
         .iter()
         .enumerate()
         .map(|(i, prm)| {
@@ -366,50 +283,42 @@ fn call_args(h: &Handler) -> Vec<TokenStream> {
         .collect()
 }
 
-fn dispatch_arm(
-    model: &Model,
-    s: &StepModel,
-    h: &Handler,
-    handlers: &[Handler],
-    p: &TokenStream,
-) -> TokenStream {
-    let v = &s.variant;
-    let step_slug = &s.slug;
-    let flow_slug = &model.slug;
-    let f = &h.ident;
-    let values: Vec<(usize, &Param)> = h
-        .params
+/// The dependency a dependent step's parameter receives, by name.
+fn dependency_of<'f>(flow: &'f Flow, step: &Step, param_name: &str) -> Option<&'f Step> {
+    step.deps
         .iter()
-        .enumerate()
-        .filter(|(_, prm)| !prm.is_ctx)
-        .collect();
-    let decode = if s.kind == Kind::Map || s.deps.is_empty() {
-        values
-            .iter()
+        .map(|d| &flow.steps[d.index])
+        .find(|d| d.fn_name() == param_name)
+}
+
+fn dispatch_arm(flow: &Flow, s: &Step, p: &TokenStream) -> TokenStream {
+    let v = &s.variant;
+    let step_slug = &s.slug.value;
+    let flow_slug = &flow.slug.value;
+    let h = &s.handler;
+    let f = &h.ident;
+    let decode: Vec<TokenStream> = if s.kind() == Kind::Map || s.deps.is_empty() {
+        h.value_params()
             .map(|(i, prm)| {
-                let l = local(*i);
+                let l = local(i);
                 let ty = &prm.ty;
                 let name = prm.name.to_string();
                 quote!(let #l: #ty = #p::decode_input::<#ty>(#flow_slug, #step_slug, #name, input)?;)
             })
-            .collect::<Vec<_>>()
+            .collect()
     } else {
         let mut out = vec![
             quote!(let mut __pgflow_deps = #p::DepsInput::new(#flow_slug, #step_slug, input)?;),
         ];
-        for (i, prm) in &values {
-            let l = local(*i);
-            let ty = &prm.ty;
-            let name = prm.name.to_string();
-            let Some(&d) = s
-                .deps
-                .iter()
-                .find(|&&d| handlers[d].fn_name() == prm.dep_name())
-            else {
+        for (i, prm) in h.value_params() {
+            let Some(dep) = dependency_of(flow, s, &prm.dep_name()) else {
                 continue;
             };
-            let dep_slug = &model.steps[d].slug;
-            let method = if model.steps[d].skippable {
+            let l = local(i);
+            let ty = &prm.ty;
+            let name = prm.name.to_string();
+            let dep_slug = &dep.slug.value;
+            let method = if dep.skippable {
                 quote!(optional)
             } else {
                 quote!(required)
@@ -418,7 +327,7 @@ fn dispatch_arm(
         }
         out
     };
-    let args = call_args(h);
+    let args = call_args(s);
     let convert = match &h.error {
         Some(e) => quote_spanned!(e.span()=> #p::into_step_error::<#e>),
         None => quote!(#p::into_step_error),
@@ -443,34 +352,24 @@ fn dispatch_arm(
     }
 }
 
-fn type_checks(
-    model: &Model,
-    index: usize,
-    s: &StepModel,
-    h: &Handler,
-    handlers: &[Handler],
-    p: &TokenStream,
-) -> TokenStream {
-    let flow = &model.flow_ident;
+/// Type assertions spanned at the user's own tokens, so rustc reports a mismatch there.
+fn type_checks(flow: &Flow, index: usize, s: &Step, p: &TokenStream) -> TokenStream {
+    let ident = &flow.ident;
     let mut out = Vec::new();
-    for (n, prm) in h.params.iter().enumerate() {
+    for (n, prm) in s.handler.value_params() {
         let ty = &prm.ty;
         let span = ty.span();
-        let alias = Ident::new(&format!("__pgflow_expected_{index}_{n}"), span);
-        if prm.is_ctx {
-            continue;
-        }
-        match (s.kind, s.map_from) {
+        match (s.kind(), s.map_from) {
             (Kind::Map, Some(MapFrom::FlowInput(kw))) => {
                 let src_alias = Ident::new(&format!("__pgflow_source_{index}"), kw);
                 out.push(quote_spanned!(kw=>
-                    type #src_alias = <#flow as #p::Flow>::Input;
+                    type #src_alias = <#ident as #p::Flow>::Input;
                     #p::assert_map_source::<#src_alias>();));
                 out.push(quote_spanned!(span=>
                     #p::assert_map_element_param::<#ty, <#src_alias as #p::MapSource>::Item>();));
             }
             (Kind::Map, Some(MapFrom::Dep(d, dep_span))) => {
-                let src = output_type(&handlers[d], &model.steps[d]);
+                let src = output_type(&flow.steps[d]);
                 let src_alias = Ident::new(&format!("__pgflow_source_{index}"), dep_span);
                 out.push(quote_spanned!(dep_span=> type #src_alias = #src; #p::assert_map_source::<#src_alias>();));
                 out.push(quote_spanned!(span=>
@@ -479,18 +378,15 @@ fn type_checks(
             (Kind::Map, None) => {}
             (Kind::Single, _) if s.deps.is_empty() => {
                 out.push(quote_spanned!(span=>
-                    #p::assert_flow_input_param::<#ty, <#flow as #p::Flow>::Input>();));
+                    #p::assert_flow_input_param::<#ty, <#ident as #p::Flow>::Input>();));
             }
             (Kind::Single, _) => {
-                let Some(&d) = s
-                    .deps
-                    .iter()
-                    .find(|&&d| handlers[d].fn_name() == prm.dep_name())
-                else {
+                let Some(dep) = dependency_of(flow, s, &prm.dep_name()) else {
                     continue;
                 };
-                let dep_out = output_type(&handlers[d], &model.steps[d]);
-                if model.steps[d].skippable {
+                let alias = Ident::new(&format!("__pgflow_expected_{index}_{n}"), span);
+                let dep_out = output_type(dep);
+                if dep.skippable {
                     out.push(quote_spanned!(span=>
                         type #alias = ::core::option::Option<#dep_out>;
                         #p::assert_skippable_dependency_param::<#ty, #alias>();));
@@ -502,6 +398,5 @@ fn type_checks(
             }
         }
     }
-    let _ = Span::call_site();
     quote!(#(#out)*)
 }

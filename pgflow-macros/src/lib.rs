@@ -1,8 +1,10 @@
 //! Procedural macros for pgflow-rs. Use them through `pgflow_runtime`, which re-exports them.
 //!
-//! Layout: `attr` and `pattern` parse arguments, `ast` reads the module and strips `#[step]`,
-//! `check` validates and builds the model, `expand` emits code, `queue_names` is the per-step
-//! queue-name algorithm shared with the runtime.
+//! Layout: `attr` and `pattern` parse the arguments, `ast` reads the module (one item per step,
+//! its attributes and handler together) and strips `#[step]`, `check` runs one function per rule
+//! and resolves what the expansion needs, `expand` and `shape` emit the code of a valid flow,
+//! `fallback` the code of a flow with errors. The slug and queue-name rules are
+//! `pgflow_sql::names`, the same module the runtime uses.
 
 use proc_macro::TokenStream;
 use quote::quote;
@@ -13,8 +15,9 @@ mod attr;
 mod check;
 mod ctxt;
 mod expand;
+mod fallback;
 mod pattern;
-mod queue_names;
+mod shape;
 
 /// Turns an inline module of `#[step]` async functions into a typed flow.
 ///
@@ -44,7 +47,15 @@ mod queue_names;
 /// `slug = "..."` (defaults to the module name), `input = Type` (required), `max_attempts`,
 /// `base_delay`, `timeout` (integers, seconds), `name = Ident` (the flow type's name, default:
 /// the module name in UpperCamelCase), `crate = "::path"` (where `pgflow_runtime` lives, for
-/// re-exports; give an absolute path).
+/// re-exports; give an absolute path), and the flag `step_queues`.
+///
+/// `step_queues` deploys the flow with one queue per step, for `StepQueued<Flow>` workers.
+/// The macro then resolves every step's queue while it expands: `lower(flow_slug || '__' ||
+/// step_slug)` when that has at most 47 characters (PGMQ's limit), else the index fallback
+/// `lower(flow_slug || '__' || step_index)`, else a compile error on the flow slug or the step slug
+/// that names both candidates, their lengths, and how many characters to remove. Without the flag
+/// the flow runs on its single queue `lower(flow_slug)`, whatever the length of its step names,
+/// and `StepQueued<Flow>` does not compile.
 ///
 /// # Step options
 ///
@@ -84,7 +95,7 @@ fn expand_flow(
 ) -> proc_macro2::TokenStream {
     let cx = ctxt::Ctxt::default();
     let flow_attr = attr::parse_flow_attr(&cx, args);
-    let mut module: ItemMod = match syn::parse2(item.clone()) {
+    let module: ItemMod = match syn::parse2(item.clone()) {
         Ok(m) => m,
         Err(_) => {
             let e = syn::Error::new(
@@ -103,10 +114,13 @@ fn expand_flow(
         .to_compile_error();
         return quote!(#e #item);
     }
-    let handlers = ast::read_steps(&cx, &mut module);
-    let model = check::check(&cx, &flow_attr, &module, &handlers);
-    let ok = !cx.has_errors();
-    let expanded = expand::expand(&model, module, &handlers, flow_attr.input.as_ref(), ok);
+    let mut flow = ast::Flow::read(&cx, flow_attr, module);
+    check::check(&cx, &mut flow);
+    let expanded = if cx.has_errors() {
+        fallback::expand(&flow)
+    } else {
+        expand::expand(&flow)
+    };
     let errors = cx.into_compile_errors();
     quote!(#errors #expanded)
 }

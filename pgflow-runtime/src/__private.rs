@@ -193,14 +193,6 @@ impl<T> MapElementParam<T> for T {}
 pub trait StepOutput: Serialize + DeserializeOwned + Send + 'static {}
 impl<T: Serialize + DeserializeOwned + Send + 'static> StepOutput for T {}
 
-/// A parameter type can be decoded from JSON.
-#[diagnostic::on_unimplemented(
-    message = "parameter type `{Self}` must implement `DeserializeOwned`",
-    label = "cannot be read from JSON"
-)]
-pub trait StepParam: DeserializeOwned + Send + 'static {}
-impl<T: DeserializeOwned + Send + 'static> StepParam for T {}
-
 /// The handler's error converts into `StepError`.
 #[diagnostic::on_unimplemented(
     message = "handler error type `{Self}` does not convert into `StepError`",
@@ -217,14 +209,6 @@ impl<E: Into<StepError>> HandlerError for E {
     }
 }
 
-/// The context parameter belongs to this flow.
-#[diagnostic::on_unimplemented(
-    message = "context parameter `{Self}` is not `StepContext<{F}>`",
-    label = "expected `StepContext<{F}>`"
-)]
-pub trait ContextParam<F> {}
-impl<F: Flow> ContextParam<F> for StepContext<F> {}
-
 /// Assertion helpers; each call is emitted with the span of the user's own tokens.
 pub fn assert_dependency_param<P: DependencyParam<E>, E>() {}
 /// See [`SkippableDependencyParam`].
@@ -235,11 +219,3 @@ pub fn assert_flow_input_param<P: FlowInputParam<E>, E>() {}
 pub fn assert_map_source<S: MapSource>() {}
 /// See [`MapElementParam`].
 pub fn assert_map_element_param<P: MapElementParam<E>, E>() {}
-/// See [`StepOutput`].
-pub fn assert_step_output<T: StepOutput>() {}
-/// See [`StepParam`].
-pub fn assert_step_param<T: StepParam>() {}
-/// See [`HandlerError`].
-pub fn assert_handler_error<E: HandlerError>() {}
-/// See [`ContextParam`].
-pub fn assert_context_param<F, C: ContextParam<F>>() {}

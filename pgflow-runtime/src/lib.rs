@@ -2,7 +2,8 @@
 //!
 //! Define a flow with [`#[flow]`](macro@flow) on an inline module; the macro generates the flow
 //! type (implementing [`Flow`]), the step enum (implementing [`FlowStep`]), the shape and the
-//! dispatch code. [`StepQueued`] deploys a flow with one queue per step.
+//! dispatch code. [`StepQueued`] deploys a flow with one queue per step; the flow opts in with
+//! `step_queues` in its `#[flow(...)]`.
 //!
 //! ```
 //! use pgflow_runtime::{flow, Flow, FlowStep, StepContext, StepError, StepQueued};
@@ -14,7 +15,7 @@
 //! #[derive(Serialize, Deserialize)]
 //! pub struct Classification { pub route: String }
 //!
-//! #[flow(slug = "communityThreadsV1", input = Thread, max_attempts = 3, timeout = 60)]
+//! #[flow(slug = "communityThreadsV1", input = Thread, max_attempts = 3, timeout = 60, step_queues)]
 //! pub mod community {
 //!     use super::*;
 //!
@@ -56,7 +57,6 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod flow;
-pub mod queue_names;
 #[path = "sql.rs"]
 mod statements;
 pub mod step_queued;
@@ -72,9 +72,13 @@ pub use config::{Compilation, ConfigError, WorkerConfig};
 pub use context::StepContext;
 #[doc(hidden)]
 pub use context::StepContextParts;
-pub use error::{BoxError, FlowQueueNameError, QueueNameError, StepError, StepQueueNameError};
+pub use error::{BoxError, StepError};
 pub use flow::{task_input, Flow, FlowStep, StepKind, UnknownStep};
 pub use pgflow_macros::{flow, step};
+/// The slug and queue-name rules (per-step queue names, caller-given queue names), shared with the
+/// `#[flow]` macro and checked against the SQL core by the integration tests.
+pub use pgflow_sql::names as queue_names;
+pub use queue_names::{FlowQueueNameError, QueueNameError, StepQueueNameError};
 pub use step_queued::{StepQueueRoutes, StepQueued, StepWorkerSpec};
 pub use worker::{StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport};
 

@@ -14,11 +14,17 @@
 //!
 //! Teams that apply SQL through their own migration tool can take the complete script from
 //! [`install_script`] (or `cargo run -p pgflow-sql -- script`).
+//!
+//! [`names`] states the slug and queue-name rules of this SQL in plain Rust. The installer is the
+//! default feature `install`; without it the crate depends on nothing but `thiserror`.
 
+pub mod names;
 #[cfg(feature = "throwaway")]
 pub mod throwaway;
 
+#[cfg(feature = "install")]
 use sha2::{Digest, Sha256};
+#[cfg(feature = "install")]
 use sqlx::{Connection, PgConnection, PgPool};
 
 /// One embedded migration file.
@@ -34,6 +40,7 @@ pub struct Migration {
 
 impl Migration {
     /// The SHA-256 of the SQL text, lowercase hex. Recorded when applied; compared on every install.
+    #[cfg(feature = "install")]
     pub fn checksum(&self) -> String {
         hex::encode(Sha256::digest(self.sql.as_bytes()))
     }
@@ -57,6 +64,7 @@ pub fn latest_version() -> &'static str {
 pub const INSTALL_LOCK_KEY: i64 = 0x7067_666c_6f77; // "pgflow"
 
 /// What an install did.
+#[cfg(feature = "install")]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct InstallReport {
@@ -67,6 +75,7 @@ pub struct InstallReport {
 }
 
 /// How [`install`] found PGMQ.
+#[cfg(feature = "install")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PgmqStatus {
@@ -80,6 +89,7 @@ pub enum PgmqStatus {
 }
 
 /// Why an install failed.
+#[cfg(feature = "install")]
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InstallError {
@@ -141,6 +151,7 @@ pub enum InstallError {
 /// # Errors
 /// See [`InstallError`]: a database newer than this build, a modified applied migration, a failing
 /// migration, or a database error.
+#[cfg(feature = "install")]
 pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
     let pgmq = ensure_pgmq(pool).await?;
     let mut conn = pool.acquire().await?;
@@ -178,6 +189,7 @@ pub async fn ensure_pgmq(pool: &PgPool) -> Result<PgmqStatus, InstallError> {
 ///
 /// # Errors
 /// As [`install`], plus [`InstallError::PgmqMissing`].
+#[cfg(feature = "install")]
 pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, InstallError> {
     let pgmq = ensure_pgmq_extension(conn)
         .await?
@@ -190,6 +202,7 @@ pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, Instal
 ///
 /// # Errors
 /// A database error.
+#[cfg(feature = "install")]
 pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
     let exists: bool =
         sqlx::query_scalar("select to_regclass('pgflow.schema_migrations') is not null")
@@ -206,6 +219,7 @@ pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, In
 }
 
 /// Returns `Some(status)` when PGMQ is present afterwards, `None` when only embedded SQL can help.
+#[cfg(feature = "install")]
 async fn ensure_pgmq_extension(
     conn: &mut PgConnection,
 ) -> Result<Option<PgmqStatus>, InstallError> {
@@ -232,12 +246,14 @@ async fn ensure_pgmq_extension(
     Ok(Some(PgmqStatus::CreatedExtension))
 }
 
+#[cfg(feature = "install")]
 async fn pgmq_present(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("select to_regclass('pgmq.meta') is not null")
         .fetch_one(conn)
         .await
 }
 
+#[cfg(feature = "install")]
 const CREATE_MIGRATIONS_TABLE: &str = "\
 create schema if not exists pgflow;
 create table if not exists pgflow.schema_migrations (
@@ -247,6 +263,7 @@ create table if not exists pgflow.schema_migrations (
   applied_at timestamptz not null default now()
 );";
 
+#[cfg(feature = "install")]
 async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
     let mut tx = conn.begin().await?;
     sqlx::query("select pg_advisory_xact_lock($1)")
@@ -324,6 +341,7 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
 /// migration tool. Apply it with `psql -1 -v ON_ERROR_STOP=1 -f pgflow.sql` on a database that has
 /// PGMQ. It records every version and checksum in `pgflow.schema_migrations`, exactly as [`install`]
 /// does, so a later [`install`] by this or newer code recognises the schema.
+#[cfg(feature = "install")]
 pub fn install_script() -> String {
     let mut script = String::new();
     script.push_str(&format!(
@@ -352,7 +370,7 @@ pub fn install_script() -> String {
     script
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "install"))]
 mod tests {
     use super::*;
 

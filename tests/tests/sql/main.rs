@@ -13,6 +13,7 @@ mod hardening;
 mod hot_paths;
 mod maintenance;
 mod queue_identity;
+mod queue_names;
 mod retries;
 mod step_queues;
 mod step_support;

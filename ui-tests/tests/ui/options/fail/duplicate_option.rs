@@ -1,4 +1,4 @@
-// Proves: an option given twice is an error on the second one.
+// Proves: an option or flag given twice is an error on the second one.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "f", input = Thread)]
+#[flow(slug = "f", input = Thread, step_queues, step_queues)]
 mod f {
     #[allow(unused_imports)]
     use super::*;

@@ -1,4 +1,4 @@
-// Proves: StepQueued uses the readable name when it fits (47 exactly) and the index fallback otherwise.
+// Proves: with `step_queues`, a readable name of exactly 47 characters is used and one of 48 falls back to the step index.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "twenty_character_flw", input = Thread)]
+#[flow(slug = "twenty_character_flw", input = Thread, step_queues)]
 mod fallback {
     use super::*;
 
@@ -23,10 +23,11 @@ mod fallback {
 }
 
 fn main() {
-    use pgflow_runtime::StepQueued;
     use fallback::Step;
-    let routes = StepQueued::<Fallback>::routes();
-    assert_eq!(routes[0], (Step::ExactlyTwentyFiveChars, "twenty_character_flw__exactly_twenty_five_chars"));
-    assert_eq!(routes[0].1.len(), 47);
-    assert_eq!(routes[1], (Step::ExactlyTwentySixCharsX, "twenty_character_flw__1"));
+    use pgflow_runtime::StepQueued;
+    let readable = StepQueued::<Fallback>::queue_for(Step::ExactlyTwentyFiveChars);
+    assert_eq!(readable, "twenty_character_flw__exactly_twenty_five_chars");
+    assert_eq!(readable.len(), 47);
+    assert_eq!(StepQueued::<Fallback>::queue_for(Step::ExactlyTwentySixCharsX), "twenty_character_flw__1");
+    assert_eq!(StepQueued::<Fallback>::routes().len(), 2);
 }

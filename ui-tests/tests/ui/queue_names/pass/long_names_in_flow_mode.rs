@@ -1,4 +1,4 @@
-// Proves: a plain flow whose step names are too long for per-step queues still compiles and runs in flow mode.
+// Proves: a plain flow (no `step_queues`) whose step names are too long for per-step queues still compiles and runs on its single queue.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,13 @@ mod long_names {
 }
 
 fn main() {
-    use pgflow_runtime::Flow;
+    use pgflow_runtime::queue_names::{default_queue_name, resolve_step_queues};
+    use pgflow_runtime::{Flow, FlowStep};
     assert_eq!(LongNames::SLUG.len(), 45);
+    // Its single queue fits; per-step queues could not exist for it.
+    assert_eq!(default_queue_name(LongNames::SLUG), "the_flow_slug_here_is_exactly_forty_five_char");
+    let steps: Vec<&str> = long_names::Step::ALL.iter().map(|s| FlowStep::slug(*s)).collect();
+    assert!(resolve_step_queues(LongNames::SLUG, &steps).is_err());
+    // A plain worker for it builds (no database needed to build one).
+    let _ = pgflow_runtime::Worker::<LongNames>::builder;
 }

@@ -1,4 +1,4 @@
-// Proves: an empty flow cannot be step-queued.
+// Proves: a flow without steps cannot opt in to `step_queues`; the error is on the flow slug.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "empty", input = Thread)]
+#[flow(slug = "empty", input = Thread, step_queues)]
 mod empty {}
 
 fn main() {

@@ -1,4 +1,4 @@
-// Proves: `StepQueued` on a flow whose slug cannot fit `<flow>__0` is a build error naming the facts (FlowQueueNameError).
+// Proves: with `step_queues`, a flow slug too long for `<flow>__0` is an error on the slug that `cargo check` shows, naming both names, the limit and how much to shorten.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "the_flow_slug_here_is_exactly_forty_five_char", input = Thread)]
+#[flow(slug = "the_flow_slug_here_is_exactly_forty_five_char", input = Thread, step_queues)]
 mod f {
     #[allow(unused_imports)]
     use super::*;
@@ -18,5 +18,6 @@ mod f {
 }
 
 fn main() {
+    // No follow-on error here: the flow still implements `StepQueueRoutes`.
     let _ = pgflow_runtime::StepQueued::<F>::worker(f::Step::Classify);
 }

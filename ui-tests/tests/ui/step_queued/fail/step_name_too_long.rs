@@ -1,4 +1,4 @@
-// Proves: `StepQueued` on a flow where one step's readable and index-fallback names are both too long is a build error naming the step (StepQueueNameError).
+// Proves: with `step_queues`, a step at index 10 whose readable name and index fallback are both over 47 characters is an error on that step's slug.
 #[allow(unused_imports)]
 use pgflow_runtime::{flow, StepError};
 use serde::{Deserialize, Serialize};
@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "a_flow_slug_of_exactly_forty_four_characters", input = Thread)]
+#[flow(slug = "a_flow_slug_of_exactly_forty_four_characters", input = Thread, step_queues)]
 mod f {
     use super::*;
 

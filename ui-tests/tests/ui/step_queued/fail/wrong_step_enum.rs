@@ -7,14 +7,14 @@ use serde::{Deserialize, Serialize};
 pub struct Thread {
     pub text: String,
 }
-#[flow(slug = "one", input = Thread)]
+#[flow(slug = "one", input = Thread, step_queues)]
 mod one {
     use super::*;
     #[step]
     async fn classify(thread: Thread) -> Result<String, StepError> { Ok(thread.text) }
 }
 
-#[flow(slug = "two", input = Thread)]
+#[flow(slug = "two", input = Thread, step_queues)]
 mod two {
     use super::*;
     #[step]
