@@ -165,6 +165,7 @@ pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
 ///
 /// # Errors
 /// A database error, or [`InstallError::Pgmq`] when the embedded SQL fails.
+#[cfg(feature = "install")]
 pub async fn ensure_pgmq(pool: &PgPool) -> Result<PgmqStatus, InstallError> {
     let status = {
         let mut conn = pool.acquire().await?;
