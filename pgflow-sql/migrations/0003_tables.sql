@@ -16,7 +16,11 @@ create table pgflow.flows (
   opt_base_delay int not null default 1,
   opt_timeout int not null default 60,
   created_at timestamptz not null default now(),
+  -- Deployment metadata, persisted and compared separately from the shape: 'flow' (every step on the
+  -- flow's default queue, upstream's behaviour) or 'step' (every step on its own private queue).
+  queue_mode text not null default 'flow',
   constraint slug_is_valid check (pgflow.is_valid_slug(flow_slug)),
+  constraint queue_mode_is_valid check (queue_mode in ('flow', 'step')),
   constraint opt_max_attempts_is_nonnegative check (opt_max_attempts >= 0),
   constraint opt_base_delay_is_nonnegative check (opt_base_delay >= 0),
   constraint opt_timeout_is_positive check (opt_timeout > 0)
@@ -57,6 +61,9 @@ create table pgflow.steps (
   constraint queue_name_is_lowercase check (queue_name = lower(queue_name))
 );
 
+-- Ownership checks (is a queue name already routed by some flow?) and coverage look steps up by queue.
+create index idx_steps_queue_name on pgflow.steps (queue_name);
+
 create table pgflow.deps (
   flow_slug text not null references pgflow.flows (flow_slug),
   dep_slug text not null,
@@ -82,7 +89,10 @@ create table pgflow.workers (
   started_at timestamptz not null default now(),
   deprecated_at timestamptz,
   stopped_at timestamptz,
-  last_heartbeat_at timestamptz not null default now()
+  last_heartbeat_at timestamptz not null default now(),
+  -- The exact subscription the worker registered with (NULL step_slug: every step of the flow).
+  flow_slug text,
+  step_slug text
 );
 
 create index idx_workers_queue_name on pgflow.workers (queue_name);
@@ -94,7 +104,10 @@ create table pgflow.worker_functions (
   debounce interval not null default '6 seconds' check (debounce >= '1 second'),
   last_invoked_at timestamptz,
   created_at timestamptz not null default now(),
-  updated_at timestamptz not null default now()
+  updated_at timestamptz not null default now(),
+  -- The fence: why and when pgflow.disable_worker_function() disabled the function.
+  disabled_reason text,
+  disabled_at timestamptz
 );
 
 ------------------------------------------------------------------------------------------------------------

@@ -356,6 +356,39 @@ begin
 end;
 $$;
 
+-- Records several task outputs in one transaction: complete_task for each (run_ids[i], step_slugs[i],
+-- task_indexes[i], outputs[i]), in run-id order so concurrent batches lock runs in one order. Returns how many
+-- calls were made. A task that is not `started` is left unchanged, exactly as complete_task does.
+create function pgflow.complete_tasks(run_ids uuid[], step_slugs text[], task_indexes int[], outputs jsonb[])
+returns int
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_row record;
+  v_count int := 0;
+begin
+  if cardinality(run_ids) is distinct from cardinality(step_slugs)
+     or cardinality(run_ids) is distinct from cardinality(task_indexes)
+     or cardinality(run_ids) is distinct from cardinality(outputs) then
+    raise exception 'complete_tasks(): array lengths differ (run_ids %, step_slugs %, task_indexes %, outputs %)',
+      cardinality(run_ids), cardinality(step_slugs), cardinality(task_indexes), cardinality(outputs);
+  end if;
+
+  for v_row in
+    select u.run_id, u.step_slug, u.task_index, u.output
+    from unnest(complete_tasks.run_ids, complete_tasks.step_slugs, complete_tasks.task_indexes,
+                complete_tasks.outputs) with ordinality as u(run_id, step_slug, task_index, output, ord)
+    order by u.run_id, u.ord
+  loop
+    perform pgflow.complete_task(v_row.run_id, v_row.step_slug, v_row.task_index, v_row.output);
+    v_count := v_count + 1;
+  end loop;
+  return v_count;
+end;
+$$;
+
 ------------------------------------------------------------------------------------------------------------
 -- Failing
 ------------------------------------------------------------------------------------------------------------
@@ -490,6 +523,46 @@ declare
 begin
   v_task := pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index,
                               fail_task.error_message, false);
+  if v_task.run_id is not null then
+    return next v_task;
+  end if;
+end;
+$$;
+
+-- fail_task with two handler decisions:
+--   * retry_delay_seconds (not null): when the task is retried, its message becomes visible after this many
+--     seconds instead of the step's exponential backoff;
+--   * terminal (true): no retry; the task fails as if its attempts were exhausted and the step's
+--     when_exhausted applies.
+-- Otherwise identical to fail_task(run_id, step_slug, task_index, error_message).
+create function pgflow.fail_task(
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  error_message text,
+  retry_delay_seconds int,
+  terminal boolean
+)
+returns setof pgflow.step_tasks
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_before text;
+  v_task pgflow.step_tasks;
+begin
+  select t.status into v_before
+  from pgflow.step_tasks t
+  where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug and t.task_index = fail_task.task_index;
+
+  v_task := pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index,
+                              fail_task.error_message, coalesce(fail_task.terminal, false));
+
+  if v_before = 'started' and v_task.status = 'queued' and fail_task.retry_delay_seconds is not null then
+    perform pgmq.set_vt(v_task.queue_name, v_task.message_id, greatest(fail_task.retry_delay_seconds, 0));
+  end if;
+
   if v_task.run_id is not null then
     return next v_task;
   end if;

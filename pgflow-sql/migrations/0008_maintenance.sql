@@ -184,15 +184,6 @@ begin
 end;
 $$;
 
-create function pgflow.mark_worker_stopped(worker_id uuid)
-returns void
-language sql
-volatile
-set search_path = ''
-as $$
-  update pgflow.workers w set stopped_at = clock_timestamp() where w.worker_id = mark_worker_stopped.worker_id;
-$$;
-
 -- Schedules requeue_stalled_tasks() with pg_cron. Unlike upstream it is not run at install (pg_cron is
 -- optional); it needs pg_cron only when called. Workers can instead call requeue_stalled_tasks() themselves.
 create function pgflow.setup_requeue_stalled_tasks_cron(cron_interval text default '15 seconds')

@@ -194,3 +194,58 @@ begin
   return pgflow._worker_function_state(v_function) || jsonb_build_object('stopped', v_stopped);
 end;
 $$;
+
+create function pgflow.mark_worker_stopped(worker_id uuid)
+returns void
+language sql
+volatile
+set search_path = ''
+as $$
+  update pgflow.workers w set stopped_at = clock_timestamp() where w.worker_id = mark_worker_stopped.worker_id;
+$$;
+
+-- Hands back every task the worker still has `started` (a graceful shutdown that could not finish them):
+-- the task is `queued` again with its attempt given back, and its message is visible at once, so another
+-- worker picks it up without waiting for stalled-task recovery. Returns the number of tasks released.
+create function pgflow.release_worker_tasks(worker_id uuid)
+returns int
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_count int := 0;
+begin
+  for v_group in
+    with mine as (
+      select t.run_id, t.step_slug, t.task_index
+      from pgflow.step_tasks t
+      where t.last_worker_id = release_worker_tasks.worker_id
+        and t.status = 'started'
+        and t.permanently_stalled_at is null
+      order by t.queue_name, t.message_id
+      for update
+    ),
+    released as (
+      update pgflow.step_tasks t
+      set status = 'queued',
+          started_at = null,
+          last_worker_id = null,
+          attempts_count = greatest(t.attempts_count - 1, 0)
+      from mine m
+      where t.run_id = m.run_id and t.step_slug = m.step_slug and t.task_index = m.task_index
+        and t.status = 'started'
+      returning t.queue_name, t.message_id
+    )
+    select r.queue_name, array_agg(r.message_id) as ids
+    from released r
+    where r.message_id is not null
+    group by r.queue_name
+  loop
+    perform pgmq.set_vt(v_group.queue_name, v_group.ids, 0);
+    v_count := v_count + cardinality(v_group.ids);
+  end loop;
+  return v_count;
+end;
+$$;
