@@ -1,7 +1,8 @@
 -- pgflow-rs SQL core, migration 0002: small pure helpers that tables and functions build on.
 --
 -- Upstream interface: is_valid_slug, is_local, calculate_retry_delay.
--- Additions (documented in COMPATIBILITY.md): the two timing buffers, the run notification channel name.
+-- Additions (documented in COMPATIBILITY.md): the retry-delay cap, the two timing buffers, the run notification
+-- channel name.
 
 -- A slug is an identifier-like name: letter or underscore first, then letters, digits or underscores,
 -- at most 128 characters, and never the reserved word `run` (step inputs use step slugs as keys).
@@ -41,7 +42,18 @@ as $$
     or coalesce(lower(current_setting('pgflow.local', true)) in ('true', 'on', '1', 'yes'), false);
 $$;
 
--- Exponential backoff: the delay before the next attempt, after `attempts_count` attempts so far.
+-- The longest delay, in seconds, that a retry may wait: one day. Both the computed backoff and a
+-- handler-chosen delay are capped at it.
+create function pgflow._max_retry_delay_seconds()
+returns int
+language sql
+immutable
+parallel safe
+as $$ select 86400 $$;
+
+-- Exponential backoff: the delay before the next attempt, after `attempts_count` attempts so far:
+-- base_delay * 2^attempts_count seconds, capped at pgflow._max_retry_delay_seconds() (one day). Computed in
+-- numeric with a bounded exponent, so no attempt count or base delay overflows; negative inputs count as 0.
 create function pgflow.calculate_retry_delay(base_delay numeric, attempts_count int)
 returns int
 language sql
@@ -49,7 +61,10 @@ immutable
 parallel safe
 set search_path = ''
 as $$
-  select floor(base_delay * power(2, attempts_count))::int;
+  select least(
+    floor(greatest(coalesce(base_delay, 0), 0)
+          * power(2::numeric, least(greatest(coalesce(attempts_count, 0), 0), 64))),
+    pgflow._max_retry_delay_seconds())::int;
 $$;
 
 -- Timing buffers, in seconds, in one place.
@@ -79,12 +94,16 @@ as $$ select 30 $$;
 -- The recovery boundary of a started task: from this moment on, requeue_stalled_tasks() may requeue it
 -- (started_at + effective step timeout + stall buffer). claim_tasks hides a duplicate message of a started
 -- task until exactly this moment, so claim visibility and stalled recovery share one rule.
+-- Computed in double precision, so a timeout near the int maximum cannot overflow.
 create function pgflow._recovery_boundary(p_started_at timestamptz, p_effective_timeout int)
 returns timestamptz
 language sql
 stable
 parallel safe
-as $$ select p_started_at + make_interval(secs => p_effective_timeout + pgflow._stall_buffer_seconds()) $$;
+as $$
+  select p_started_at
+    + make_interval(secs => p_effective_timeout::float8 + pgflow._stall_buffer_seconds())
+$$;
 
 -- The pg_notify channel carrying the events of one run when Supabase Realtime is not installed:
 -- `pgflow_run_` followed by the run id as 32 lowercase hex digits (43 characters, below the 63-byte limit

@@ -1,7 +1,7 @@
--- pgflow-rs SQL core, migration 0005: flow definitions, flow shapes and startup compilation.
+-- pgflow-rs SQL core, migration 0005: flow definitions, flow shapes, and the queue helpers definitions use.
 --
 -- Upstream interface: create_flow, add_step, _create_flow_from_shape, _get_flow_shape, _compare_flow_shapes.
--- ensure_flow_compiled and delete_flow_and_data are defined once, with queue modes, in 0012.
+-- ensure_flow_compiled and delete_flow_and_data are defined once, with queue modes, in 0010.
 
 -- The exact spelling PGMQ registered for a queue (pgmq.meta is case-sensitive, PGMQ table names are not).
 -- NULL when no such queue exists.
@@ -14,6 +14,79 @@ as $$
   select m.queue_name::text from pgmq.meta m where lower(m.queue_name) = lower(_queue_meta_name.queue_name)
   order by (m.queue_name = _queue_meta_name.queue_name) desc
   limit 1;
+$$;
+
+-- Serialises every claim on the given queue names: transaction-scoped advisory locks (key space 2), taken in
+-- sorted order. Two compilations that would create, adopt or route to the same queue name therefore run one
+-- after the other, whatever their flow slugs, and the second one sees what the first one persisted.
+create function pgflow._lock_queue_names(p_names text[])
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_name text;
+begin
+  for v_name in select distinct lower(n) from unnest(p_names) as n where n is not null order by 1 loop
+    perform pg_advisory_xact_lock(2, hashtext(v_name));
+  end loop;
+end;
+$$;
+
+-- Creates the PGMQ queue `p_queue` unless it exists. A new queue's message ids continue after every id pgflow
+-- has recorded for that queue name: a queue that was dropped and created again would otherwise restart at 1
+-- and collide with historical tasks on unique (queue_name, message_id), failing every start_flow.
+create function pgflow._ensure_queue(p_queue text)
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_max bigint;
+  v_seq text;
+begin
+  if pgflow._queue_meta_name(p_queue) is not null then
+    return;
+  end if;
+  perform pgmq.create(p_queue);
+  select max(t.message_id) into v_max from pgflow.step_tasks t where t.queue_name = lower(p_queue);
+  if v_max is null then
+    return;
+  end if;
+  v_seq := pg_get_serial_sequence(format('pgmq.%I', pgmq.format_table_name(p_queue, 'q')), 'msg_id');
+  if v_seq is not null then
+    perform setval(v_seq, greatest(v_max, coalesce(pg_sequence_last_value(v_seq::regclass), 0)));
+  end if;
+end;
+$$;
+
+-- Locks the live messages `p_ids` of queue `p_queue` (FOR UPDATE, in msg_id order) and returns the ids it
+-- locked. With p_skip_locked, messages another transaction holds are skipped instead of waited for. Ids that
+-- are no longer live (archived or deleted), or of a queue that does not exist, are not returned. This is step 3 of the lock order (0011_claims.sql):
+-- a task's message is locked before the task row.
+create function pgflow._lock_messages(p_queue text, p_ids bigint[], p_skip_locked boolean default false)
+returns bigint[]
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_locked bigint[];
+begin
+  if p_ids is null or cardinality(p_ids) = 0
+     or to_regclass(format('pgmq.%I', pgmq.format_table_name(p_queue, 'q'))) is null then
+    return '{}';
+  end if;
+  execute format(
+    'select coalesce(array_agg(x.msg_id order by x.msg_id), ''{}'') from (
+       select q.msg_id from pgmq.%I q where q.msg_id = any ($1) order by q.msg_id for update%s) x',
+    pgmq.format_table_name(p_queue, 'q'), case when p_skip_locked then ' skip locked' else '' end)
+  into v_locked
+  using p_ids;
+  return v_locked;
+end;
 $$;
 
 -- Creates the flow (idempotent: an existing flow is returned unchanged) and its PGMQ queue.
@@ -69,9 +142,8 @@ begin
     return v_flow;
   end if;
 
-  if pgflow._queue_meta_name(create_flow.flow_slug) is null then
-    perform pgmq.create(create_flow.flow_slug);
-  end if;
+  perform pgflow._lock_queue_names(array[create_flow.flow_slug]);
+  perform pgflow._ensure_queue(create_flow.flow_slug);
 
   return v_flow;
 end;
@@ -100,7 +172,20 @@ as $$
 declare
   v_step pgflow.steps;
   v_deps_count int := coalesce(cardinality(deps_slugs), 0);
+  v_dup text;
+  v_stored text[];
 begin
+  -- A dependency listed twice would be counted twice (deps_count) but stored once, so the step would wait
+  -- for a completion that never comes.
+  select d into v_dup from unnest(deps_slugs) as d group by d having count(*) > 1 order by d limit 1;
+  if found then
+    raise exception 'Step "%" of flow "%" lists dependency "%" more than once', add_step.step_slug,
+        add_step.flow_slug, v_dup
+      using errcode = 'invalid_parameter_value',
+            detail = format('dependencies: %s', array_to_string(deps_slugs, ', ')),
+            hint = 'List each dependency once.';
+  end if;
+
   if coalesce(add_step.step_type, 'single') = 'map' and v_deps_count > 1 then
     raise exception 'Map step "%" can have at most one dependency, but % were provided: %',
       add_step.step_slug, v_deps_count, array_to_string(deps_slugs, ', ');
@@ -125,12 +210,25 @@ begin
   if v_step.step_slug is null then
     select s.* into v_step from pgflow.steps s
     where s.flow_slug = add_step.flow_slug and s.step_slug = add_step.step_slug;
+    -- An existing step is returned unchanged; adding it again with other dependencies would store edges its
+    -- deps_count does not count (a run could then wait forever, or fail a completion), so it is refused.
+    select coalesce(array_agg(d.dep_slug order by d.dep_slug collate "C"), '{}') into v_stored
+    from pgflow.deps d where d.flow_slug = add_step.flow_slug and d.step_slug = add_step.step_slug;
+    if v_stored is distinct from coalesce(
+         (select array_agg(x order by x collate "C") from unnest(deps_slugs) as x), '{}') then
+      raise exception 'Step "%" of flow "%" already exists with other dependencies', add_step.step_slug,
+          add_step.flow_slug
+        using errcode = 'invalid_parameter_value',
+              detail = format('stored: [%s]; given: [%s]', array_to_string(v_stored, ', '),
+                              array_to_string(deps_slugs, ', ')),
+              hint = 'A step''s dependencies cannot change: deploy the changed flow under a new flow slug.';
+    end if;
+    return v_step;
   end if;
 
   insert into pgflow.deps (flow_slug, dep_slug, step_slug)
   select add_step.flow_slug, d.dep_slug, add_step.step_slug
-  from unnest(coalesce(deps_slugs, '{}')) as d(dep_slug)
-  on conflict do nothing;
+  from unnest(coalesce(deps_slugs, '{}')) as d(dep_slug);
 
   return v_step;
 end;

@@ -47,7 +47,9 @@ $$;
 
 -- Moves the unfinished (queued or started) tasks of some steps of a run, or of the whole run when
 -- p_step_slugs is NULL, to a terminal status (`skipped` or `cancelled`) and archives their messages, each in
--- the queue recorded on the task. Returns the number of tasks changed.
+-- the queue recorded on the task. Returns the number of tasks changed. The caller holds the run row; the
+-- messages are locked before the task rows (the lock order of 0011_claims.sql), so a concurrent claim of one
+-- of these messages either finishes first (its task is then cancelled too) or waits for this transaction.
 create function pgflow._terminate_tasks(p_run_id uuid, p_step_slugs text[], p_status text)
 returns int
 language plpgsql
@@ -55,38 +57,40 @@ volatile
 set search_path = ''
 as $$
 declare
-  v_count int;
+  v_count int := 0;
+  v_group record;
 begin
-  -- Lock in (queue_name, message_id) order, like start_tasks, so a claim and a cancellation of tasks of
-  -- one run cannot deadlock.
-  with victims as (
-    select t.run_id, t.step_slug, t.task_index
+  for v_group in
+    select t.queue_name, array_agg(t.message_id order by t.message_id) as ids
     from pgflow.step_tasks t
     where t.run_id = p_run_id
       and (p_step_slugs is null or t.step_slug = any (p_step_slugs))
       and t.status in ('queued', 'started')
-    order by t.queue_name, t.message_id
-    for update
-  ),
-  changed as (
-    update pgflow.step_tasks t
-    set status = p_status
-    from victims v
-    where t.run_id = v.run_id and t.step_slug = v.step_slug and t.task_index = v.task_index
-      and t.status in ('queued', 'started')
-    returning t.queue_name, t.message_id
-  ),
-  per_queue as (
-    select c.queue_name, array_agg(c.message_id) as ids, count(*) as n
+    group by t.queue_name
+    order by t.queue_name
+  loop
+    perform pgflow._lock_messages(v_group.queue_name, array_remove(v_group.ids, null));
+  end loop;
+
+  for v_group in
+    with changed as (
+      update pgflow.step_tasks t
+      set status = p_status
+      where t.run_id = p_run_id
+        and (p_step_slugs is null or t.step_slug = any (p_step_slugs))
+        and t.status in ('queued', 'started')
+      returning t.queue_name, t.message_id
+    )
+    select c.queue_name, array_agg(c.message_id) filter (where c.message_id is not null) as ids,
+           count(*)::int as n
     from changed c
     group by c.queue_name
-  ),
-  archived as (
-    select pgmq.archive(q.queue_name, array_remove(q.ids, null)) as id
-    from per_queue q
-    where cardinality(array_remove(q.ids, null)) > 0
-  )
-  select coalesce((select sum(n) from per_queue), 0) + 0 * (select count(*) from archived) into v_count;
+  loop
+    v_count := v_count + v_group.n;
+    if v_group.ids is not null then
+      perform pgmq.archive(v_group.queue_name, v_group.ids);
+    end if;
+  end loop;
   return v_count;
 end;
 $$;
@@ -480,17 +484,37 @@ begin
     return;
   end if;
 
+  -- One task per single step; one per array element for a map step, with the element copied onto the task
+  -- (read once here with jsonb_array_elements, instead of once per element at claim time). The array is the
+  -- run input for a root map, otherwise the output of the map's only dependency.
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as delay,
            array_agg(t.step_slug order by t.step_slug, t.task_index) as step_slugs,
-           array_agg(t.task_index order by t.step_slug, t.task_index) as task_indexes
+           array_agg(t.task_index order by t.step_slug, t.task_index) as task_indexes,
+           array_agg(t.element order by t.step_slug, t.task_index) as elements
     from unnest(v_slugs, v_counts) as r(step_slug, n)
     join pgflow.steps s on s.flow_slug = v_flow_slug and s.step_slug = r.step_slug
-    cross join lateral (select r.step_slug, g.i as task_index from generate_series(0, r.n - 1) as g(i)) t
+    cross join lateral (
+      select r.step_slug, 0 as task_index, null::jsonb as element
+      where s.step_type = 'single'
+      union all
+      select r.step_slug, (e.ord - 1)::int, e.value
+      from jsonb_array_elements(
+             case when s.step_type <> 'map' then '[]'::jsonb
+                  when s.deps_count = 0 then (select rr.input from pgflow.runs rr
+                                              where rr.run_id = start_ready_steps.run_id)
+                  else (select ds.output from pgflow.deps d
+                        join pgflow.step_states ds on ds.run_id = start_ready_steps.run_id
+                                                   and ds.step_slug = d.dep_slug
+                        where d.flow_slug = v_flow_slug and d.step_slug = r.step_slug
+                        limit 1)
+             end) with ordinality as e(value, ord)
+    ) t
     group by s.queue_name, coalesce(s.opt_start_delay, 0)
   loop
-    insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name)
-    select v_flow_slug, start_ready_steps.run_id, m.step_slug, m.task_index, sent.msg_id, v_group.queue_name
+    insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, element)
+    select v_flow_slug, start_ready_steps.run_id, m.step_slug, m.task_index, sent.msg_id, v_group.queue_name,
+           m.element
     from (
       select id as msg_id, row_number() over (order by id) as ord
       from pgmq.send_batch(
@@ -504,7 +528,8 @@ begin
         v_group.delay
       ) as id
     ) sent
-    join unnest(v_group.step_slugs, v_group.task_indexes) with ordinality as m(step_slug, task_index, ord)
+    join unnest(v_group.step_slugs, v_group.task_indexes, v_group.elements)
+           with ordinality as m(step_slug, task_index, element, ord)
       on m.ord = sent.ord;
   end loop;
 end;

@@ -1,25 +1,83 @@
 -- pgflow-rs SQL core, migration 0007: the task lifecycle (the worker API).
 --
 -- Upstream interface: start_tasks, complete_task, fail_task, _archive_task_message, set_vt_batch,
--- poll_for_tasks (deprecated stub). Addition: the queue-aware start_tasks(flow_slug, msg_ids, worker_id,
--- queue_name), and _fail_task shared by fail_task and the operator's stalled-task resolution.
+-- poll_for_tasks (deprecated stub). Additions: the queue-aware start_tasks(flow_slug, msg_ids, worker_id,
+-- queue_name); results fenced to their attempt (complete_task / fail_task with `attempt`, complete_tasks for a
+-- batch); the task-input assembly shared by every claim path.
 --
--- Every queue operation on a task uses the task's own (queue_name, message_id).
+-- Every queue operation on a task uses the task's own (queue_name, message_id). Every function here follows
+-- the one lock order of the SQL core, written down at the top of 0011_claims.sql: the run row, then the task's
+-- message, then the task row.
+--
+-- Fencing. A claim hands the worker the task's attempt number (attempts_count after the claim) and records the
+-- worker in last_worker_id. A fenced result (`attempt` given, optionally `worker_id`) is applied only while the
+-- task is still `started` with that attempt (and that worker). Anything else, a result from an attempt that
+-- timed out and was requeued, a retried call whose first reply was lost, a task cancelled meanwhile, changes
+-- nothing and comes back with outcome 'stale' and the task's current status and attempt. The upstream
+-- four-argument complete_task and fail_task stay unfenced, exactly as upstream.
+
+-- The result of a fenced completion or failure.
+create type pgflow.task_outcome as (
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  -- 'applied': this call recorded the result; 'stale': it changed nothing (see the fencing note above).
+  outcome text,
+  -- The task's status and attempt afterwards (NULL when there is no such task), and its last worker.
+  status text,
+  attempts_count int,
+  last_worker_id uuid
+);
 
 ------------------------------------------------------------------------------------------------------------
--- Claiming
+-- Task input
+------------------------------------------------------------------------------------------------------------
+
+-- What a claimed task's handler receives, the one definition every claim path uses:
+--   input       a map task: its array element (copied onto the task when the step started);
+--               a single step: {dep_slug: output} over its completed dependencies ({} for a root step);
+--   flow_input  the run input for a root single step, NULL otherwise.
+-- Plain SQL without SET options, so the planner can inline it into the claim statements.
+create function pgflow._task_inputs(
+  p_run_id uuid,
+  p_flow_slug text,
+  p_step_slug text,
+  p_step_type text,
+  p_deps_count int,
+  p_element jsonb,
+  p_run_input jsonb
+)
+returns table (input jsonb, flow_input jsonb)
+language sql
+stable
+as $$
+  select
+    case
+      when p_step_type = 'map' then p_element
+      else coalesce((
+        select jsonb_object_agg(d.dep_slug, ds.output)
+        from pgflow.deps d
+        join pgflow.step_states ds on ds.run_id = p_run_id and ds.step_slug = d.dep_slug
+        where d.flow_slug = p_flow_slug and d.step_slug = p_step_slug and ds.status = 'completed'),
+        '{}'::jsonb)
+    end,
+    case when p_step_type = 'single' and p_deps_count = 0 then p_run_input end
+$$;
+
+------------------------------------------------------------------------------------------------------------
+-- Claiming (upstream's protocol: pgmq.read, then start_tasks)
 ------------------------------------------------------------------------------------------------------------
 
 -- Claims the queued tasks behind `msg_ids` read from queue `queue_name` and returns them ready to run.
 --
 -- * Only tasks that are `queued`, of a started run and a started step are claimed; other messages are ignored
 --   (a started task's message seen again, or a terminal task's, is not an error).
--- * The claim locks the task rows, then runs one guarded UPDATE; rows come from its RETURNING, so of two
---   overlapping claims of one message exactly one returns the task (the other blocks on the row, re-checks
---   `status = 'queued'` and skips it).
+-- * The messages are locked first, then the task rows, then one guarded UPDATE claims them; rows come from its
+--   RETURNING, so of two overlapping claims of one message exactly one returns the task.
 -- * Before returning, every claimed message gets visibility = effective step timeout + claim buffer
---   (pgflow._claim_visibility_buffer_seconds()). If any claimed message could not be updated, the whole claim
---   fails with `start_tasks(): visibility updated N of M claimed messages` and nothing is claimed.
+--   (pgflow._claim_visibility_buffer_seconds()). If any claimed message could not be updated (it is missing
+--   from its queue), the whole claim fails with `start_tasks(): visibility updated N of M claimed messages` and
+--   nothing is claimed.
 -- * flow_slug NULL claims tasks of any flow in that queue.
 create function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid, queue_name text)
 returns setof pgflow.step_task_record
@@ -29,20 +87,16 @@ set search_path = ''
 as $$
 declare
   v_queue text := lower(start_tasks.queue_name);
-  v_run_ids uuid[];
-  v_step_slugs text[];
-  v_task_indexes int[];
-  v_msg_ids bigint[];
-  v_flow_slugs text[];
-  v_secs int[];
+  v_claimed bigint[];
+  v_secs float8[];
   v_updated int;
 begin
   if msg_ids is null or cardinality(msg_ids) = 0 then
     return;
   end if;
 
-  -- Task rows are locked in (queue_name, message_id) order, the order every other multi-task writer
-  -- (_terminate_tasks) uses too, so concurrent claims and cancellations cannot deadlock.
+  perform pgflow._lock_messages(v_queue, start_tasks.msg_ids);
+
   with candidates as (
     select t.run_id, t.step_slug, t.task_index
     from pgflow.step_tasks t
@@ -66,64 +120,42 @@ begin
       and t.status = 'queued'
       and r.run_id = t.run_id and r.status = 'started'
       and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
-    returning t.run_id, t.step_slug, t.task_index, t.message_id, t.flow_slug
+    returning t.message_id, t.flow_slug, t.step_slug
   )
-  select array_agg(c.run_id order by c.message_id),
-         array_agg(c.step_slug order by c.message_id),
-         array_agg(c.task_index order by c.message_id),
-         array_agg(c.message_id order by c.message_id),
-         array_agg(c.flow_slug order by c.message_id),
-         array_agg(coalesce(s.opt_timeout, f.opt_timeout) + pgflow._claim_visibility_buffer_seconds()
+  select array_agg(c.message_id order by c.message_id),
+         array_agg(coalesce(s.opt_timeout, f.opt_timeout)::float8 + pgflow._claim_visibility_buffer_seconds()
                    order by c.message_id)
-  into v_run_ids, v_step_slugs, v_task_indexes, v_msg_ids, v_flow_slugs, v_secs
+  into v_claimed, v_secs
   from claimed c
   join pgflow.steps s on s.flow_slug = c.flow_slug and s.step_slug = c.step_slug
   join pgflow.flows f on f.flow_slug = c.flow_slug;
 
-  if v_msg_ids is null then
+  if v_claimed is null then
     return;
   end if;
 
   execute format(
     'update pgmq.%I q set vt = clock_timestamp() + make_interval(secs => v.secs)
-       from unnest($1::bigint[], $2::int[]) as v(id, secs)
+       from unnest($1::bigint[], $2::float8[]) as v(id, secs)
       where q.msg_id = v.id',
     pgmq.format_table_name(v_queue, 'q'))
-  using v_msg_ids, v_secs;
+  using v_claimed, v_secs;
   get diagnostics v_updated = row_count;
 
-  if v_updated <> cardinality(v_msg_ids) then
-    raise exception 'start_tasks(): visibility updated % of % claimed messages', v_updated, cardinality(v_msg_ids)
-      using detail = format('queue %s, messages %s', v_queue, v_msg_ids::text),
+  if v_updated <> cardinality(v_claimed) then
+    raise exception 'start_tasks(): visibility updated % of % claimed messages', v_updated, cardinality(v_claimed)
+      using detail = format('queue %s, messages %s', v_queue, v_claimed::text),
             hint = 'A claimed message is missing from its queue; no task was claimed.';
   end if;
 
   return query
-  select c.flow_slug,
-         c.run_id,
-         c.step_slug,
-         case
-           when s.step_type = 'map' and s.deps_count = 0 then r.input -> c.task_index
-           when s.step_type = 'map' then (
-             select ds.output -> c.task_index
-             from pgflow.deps d
-             join pgflow.step_states ds on ds.run_id = c.run_id and ds.step_slug = d.dep_slug
-             where d.flow_slug = c.flow_slug and d.step_slug = c.step_slug
-             limit 1)
-           else coalesce((
-             select jsonb_object_agg(d.dep_slug, ds.output)
-             from pgflow.deps d
-             join pgflow.step_states ds on ds.run_id = c.run_id and ds.step_slug = d.dep_slug
-             where d.flow_slug = c.flow_slug and d.step_slug = c.step_slug and ds.status = 'completed'),
-             '{}'::jsonb)
-         end,
-         c.msg_id,
-         c.task_index,
-         case when s.step_type = 'single' and s.deps_count = 0 then r.input end
-  from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_msg_ids, v_flow_slugs)
-         with ordinality as c(run_id, step_slug, task_index, msg_id, flow_slug, ord)
-  join pgflow.steps s on s.flow_slug = c.flow_slug and s.step_slug = c.step_slug
-  join pgflow.runs r on r.run_id = c.run_id
+  select t.flow_slug, t.run_id, t.step_slug, i.input, t.message_id, t.task_index, i.flow_input
+  from unnest(v_claimed) with ordinality as c(msg_id, ord)
+  join pgflow.step_tasks t on t.queue_name = v_queue and t.message_id = c.msg_id
+  join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+  join pgflow.runs r on r.run_id = t.run_id
+  cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
+                                         t.element, r.input) i
   order by c.ord;
 end;
 $$;
@@ -160,10 +192,23 @@ $$;
 -- Completing
 ------------------------------------------------------------------------------------------------------------
 
--- Records a started task's output. Always returns the task row; for a task that is not `started` (queued,
--- completed, failed, skipped, cancelled), or of a run that is not started, nothing changes.
-create function pgflow.complete_task(run_id uuid, step_slug text, task_index int, output jsonb)
-returns setof pgflow.step_tasks
+-- Records a started task's output; the one implementation behind every completion function.
+--
+-- p_attempt / p_worker_id NULL: unfenced (upstream's complete_task). Otherwise the result is applied only while
+-- the task is `started` with attempts_count = p_attempt (and last_worker_id = p_worker_id when given).
+-- Returns whether this call applied the result, and the task row afterwards (NULL when there is no such task
+-- or run). A result that is not applied changes nothing, except that the message of a task whose step already
+-- ended is archived.
+create function pgflow._complete_task(
+  p_run_id uuid,
+  p_step_slug text,
+  p_task_index int,
+  p_output jsonb,
+  p_attempt int,
+  p_worker_id uuid,
+  out applied boolean,
+  out task pgflow.step_tasks
+)
 language plpgsql
 volatile
 set search_path = ''
@@ -171,126 +216,124 @@ as $$
 declare
   v_run_status text;
   v_flow_slug text;
-  v_task pgflow.step_tasks;
+  v_queue text;
+  v_msg_id bigint;
+  v_read record;
   v_step_status text;
   v_step_type text;
   v_remaining int;
   v_initial int;
   v_child text;
   v_type text;
+  v_error text;
   v_step_output jsonb;
   v_completed_at timestamptz;
   v_child_tasks int;
   v_ready_children int;
   v_remaining_steps int;
-  v_read record;
 begin
-  -- Lock the run first: every state change of a run is serialised on its row.
+  applied := false;
+
+  -- 1. The run row: every state change of a run is serialised on it.
   select r.status, r.flow_slug into v_run_status, v_flow_slug
   from pgflow.runs r
-  where r.run_id = complete_task.run_id
+  where r.run_id = p_run_id
   for no key update;
-
   if not found then
     return;
   end if;
 
-  -- Then read the task and its step in a statement of its own, so it sees what a concurrent completion
-  -- committed while this one waited for the lock. (Reading them in the locking statement would use the
-  -- pre-wait versions of these rows: two last completions would each see the other as still running.)
+  -- 2. The task's message (its identity never changes while the run row is held).
+  select t.queue_name, t.message_id into v_queue, v_msg_id
+  from pgflow.step_tasks t
+  where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index;
+  if not found then
+    return;
+  end if;
+  if v_msg_id is not null then
+    perform pgflow._lock_messages(v_queue, array[v_msg_id]);
+  end if;
+
+  -- 3. Only now read the task and its step, in a statement of their own, so every decision below uses what
+  -- concurrent transactions committed before this one got its locks.
   select t as task, ss.status as step_status, ss.remaining_tasks, ss.initial_tasks, s.step_type
   into v_read
   from pgflow.step_tasks t
   join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
   join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-  where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-    and t.task_index = complete_task.task_index;
-
-  if not found then
-    return;
-  end if;
-  v_task := v_read.task;
+  where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index;
+  task := v_read.task;
   v_step_status := v_read.step_status;
   v_remaining := v_read.remaining_tasks;
   v_initial := v_read.initial_tasks;
   v_step_type := v_read.step_type;
-  if v_run_status is distinct from 'started' or v_task.status <> 'started' then
-    return next v_task;
+
+  if v_run_status is distinct from 'started' or task.status <> 'started'
+     or (p_attempt is not null and task.attempts_count is distinct from p_attempt)
+     or (p_worker_id is not null and task.last_worker_id is distinct from p_worker_id) then
     return;
   end if;
 
   if v_step_status <> 'started' then
     -- Late callback for a step that already ended: nothing to record, make sure the message is gone.
-    perform pgmq.archive(v_task.queue_name, v_task.message_id);
-    return next v_task;
+    perform pgmq.archive(task.queue_name, task.message_id);
     return;
   end if;
 
+  applied := true;
+
   -- A single step feeding a map must produce an array: anything else fails the run.
-  if v_step_type = 'single' and (output is null or jsonb_typeof(output) <> 'array') then
+  if v_step_type = 'single' and (p_output is null or jsonb_typeof(p_output) <> 'array') then
     select d.step_slug into v_child
     from pgflow.deps d
     join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
-    join pgflow.step_states cst on cst.run_id = complete_task.run_id and cst.step_slug = d.step_slug
-    where d.flow_slug = v_flow_slug and d.dep_slug = complete_task.step_slug
+    join pgflow.step_states cst on cst.run_id = p_run_id and cst.step_slug = d.step_slug
+    where d.flow_slug = v_flow_slug and d.dep_slug = p_step_slug
       and cs.step_type = 'map' and cst.initial_tasks is null
     order by cs.step_index
     limit 1;
 
     if found then
-      v_type := coalesce(jsonb_typeof(output), 'null');
+      v_type := coalesce(jsonb_typeof(p_output), 'null');
+      v_error := format('[TYPE_VIOLATION] Map step %s expects array input but dependency %s produced %s',
+                        v_child, p_step_slug, v_type);
       update pgflow.step_tasks t
-      set status = 'failed', failed_at = now(), output = complete_task.output,
+      set status = 'failed', failed_at = now(), output = p_output,
           error_message = format('[TYPE_VIOLATION] Produced %s instead of array', v_type)
-      where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-        and t.task_index = complete_task.task_index
-      returning t.* into v_task;
-      perform pgmq.archive(v_task.queue_name, v_task.message_id);
+      where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
+      returning t.* into task;
+      perform pgmq.archive(task.queue_name, task.message_id);
 
       update pgflow.step_states ss
-      set status = 'failed', failed_at = now(),
-          error_message = format('[TYPE_VIOLATION] Map step %s expects array input but dependency %s produced %s',
-                                 v_child, complete_task.step_slug, v_type)
-      where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug;
+      set status = 'failed', failed_at = now(), error_message = v_error
+      where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
 
-      perform pgflow._fail_run(complete_task.run_id, null);
-      perform pgflow._emit('step:' || complete_task.step_slug || ':failed', complete_task.run_id,
+      perform pgflow._fail_run(p_run_id, null);
+      perform pgflow._emit('step:' || p_step_slug || ':failed', p_run_id,
         jsonb_build_object(
           'event_type', 'step:failed',
-          'run_id', complete_task.run_id,
-          'step_slug', complete_task.step_slug,
+          'run_id', p_run_id,
+          'step_slug', p_step_slug,
           'status', 'failed',
-          'error_message', format('[TYPE_VIOLATION] Map step %s expects array input but dependency %s produced %s',
-                                  v_child, complete_task.step_slug, v_type),
+          'error_message', v_error,
           'failed_at', now()
         ));
-      return next v_task;
       return;
     end if;
   end if;
 
   update pgflow.step_tasks t
-  set status = 'completed', completed_at = now(), output = complete_task.output
-  where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-    and t.task_index = complete_task.task_index and t.status = 'started'
-  returning t.* into v_task;
+  set status = 'completed', completed_at = now(), output = p_output
+  where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
+    and t.status = 'started'
+  returning t.* into task;
 
-  if not found then
-    -- Requeued by stalled-task recovery in the meantime.
-    return query
-    select t.* from pgflow.step_tasks t
-    where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-      and t.task_index = complete_task.task_index;
-    return;
-  end if;
-
-  perform pgmq.archive(v_task.queue_name, v_task.message_id);
+  perform pgmq.archive(task.queue_name, task.message_id);
 
   if v_remaining > 1 then
     update pgflow.step_states ss
     set remaining_tasks = ss.remaining_tasks - 1
-    where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug;
-    return next v_task;
+    where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
     return;
   end if;
 
@@ -298,20 +341,20 @@ begin
   if v_step_type = 'map' then
     select jsonb_agg(t.output order by t.task_index) into v_step_output
     from pgflow.step_tasks t
-    where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug;
+    where t.run_id = p_run_id and t.step_slug = p_step_slug;
   else
-    v_step_output := complete_task.output;
+    v_step_output := p_output;
   end if;
 
   update pgflow.step_states ss
   set remaining_tasks = 0, status = 'completed', completed_at = now(), output = v_step_output
-  where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
+  where ss.run_id = p_run_id and ss.step_slug = p_step_slug
   returning ss.completed_at into v_completed_at;
 
   -- Map dependents learn their task count: a map parent's task count, or a single parent's array length.
   v_child_tasks := case
     when v_step_type = 'map' then v_initial
-    when jsonb_typeof(complete_task.output) = 'array' then jsonb_array_length(complete_task.output)
+    when jsonb_typeof(p_output) = 'array' then jsonb_array_length(p_output)
   end;
 
   with released as (
@@ -323,22 +366,22 @@ begin
           else c.initial_tasks end
     from pgflow.deps d
     join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
-    where d.flow_slug = v_flow_slug and d.dep_slug = complete_task.step_slug
-      and c.run_id = complete_task.run_id and c.step_slug = d.step_slug
+    where d.flow_slug = v_flow_slug and d.dep_slug = p_step_slug
+      and c.run_id = p_run_id and c.step_slug = d.step_slug
     returning c.remaining_deps
   )
   select count(*) filter (where remaining_deps = 0) into v_ready_children from released;
 
   update pgflow.runs r
   set remaining_steps = r.remaining_steps - 1
-  where r.run_id = complete_task.run_id
+  where r.run_id = p_run_id
   returning r.remaining_steps into v_remaining_steps;
 
-  perform pgflow._emit('step:' || complete_task.step_slug || ':completed', complete_task.run_id,
+  perform pgflow._emit('step:' || p_step_slug || ':completed', p_run_id,
     jsonb_build_object(
       'event_type', 'step:completed',
-      'run_id', complete_task.run_id,
-      'step_slug', complete_task.step_slug,
+      'run_id', p_run_id,
+      'step_slug', p_step_slug,
       'status', 'completed',
       'output', v_step_output,
       'completed_at', v_completed_at
@@ -347,45 +390,132 @@ begin
   -- Only dependents that just became ready can start, skip or complete taskless; with none, the run can
   -- only have finished.
   if v_ready_children > 0 then
-    perform pgflow._advance_run(complete_task.run_id);
+    perform pgflow._advance_run(p_run_id);
   elsif v_remaining_steps = 0 then
-    perform pgflow.maybe_complete_run(complete_task.run_id);
+    perform pgflow.maybe_complete_run(p_run_id);
   end if;
-
-  return next v_task;
 end;
 $$;
 
--- Records several task outputs in one transaction: complete_task for each (run_ids[i], step_slugs[i],
--- task_indexes[i], outputs[i]), in run-id order so concurrent batches lock runs in one order. Returns how many
--- calls were made. A task that is not `started` is left unchanged, exactly as complete_task does.
-create function pgflow.complete_tasks(run_ids uuid[], step_slugs text[], task_indexes int[], outputs jsonb[])
-returns int
+-- Upstream's completion: records a started task's output, unfenced. Always returns the task row; for a task
+-- that is not `started` (queued, completed, failed, skipped, cancelled), or of a run that is not started,
+-- nothing changes.
+create function pgflow.complete_task(run_id uuid, step_slug text, task_index int, output jsonb)
+returns setof pgflow.step_tasks
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_task pgflow.step_tasks;
+begin
+  select (c.task).* into v_task
+  from pgflow._complete_task(complete_task.run_id, complete_task.step_slug, complete_task.task_index,
+                             complete_task.output, null, null) c;
+  if v_task.run_id is not null then
+    return next v_task;
+  end if;
+end;
+$$;
+
+-- The fenced completion: records the output only while the task is still `started` with this attempt (and,
+-- when worker_id is given, claimed by that worker). Returns one task_outcome row: 'applied', or 'stale' with
+-- the task's current status and attempt. No row when the task does not exist.
+create function pgflow.complete_task(
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  output jsonb,
+  attempt int,
+  worker_id uuid default null
+)
+returns setof pgflow.task_outcome
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_result record;
+begin
+  if attempt is null then
+    raise exception 'complete_task(): attempt is required by the fenced form'
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass the attempt the claim returned, or call the four-argument complete_task.';
+  end if;
+  select c.applied, c.task into v_result
+  from pgflow._complete_task(complete_task.run_id, complete_task.step_slug, complete_task.task_index,
+                             complete_task.output, complete_task.attempt, complete_task.worker_id) c;
+  if (v_result.task).run_id is not null then
+    return next ((v_result.task).run_id, (v_result.task).step_slug, (v_result.task).task_index,
+                 case when v_result.applied then 'applied' else 'stale' end,
+                 (v_result.task).status, (v_result.task).attempts_count,
+                 (v_result.task).last_worker_id)::pgflow.task_outcome;
+  end if;
+end;
+$$;
+
+-- Records several fenced task outputs in one transaction: the fenced complete_task for each (run_ids[i],
+-- step_slugs[i], task_indexes[i], outputs[i], attempts[i]), all claimed by worker_id (NULL: any worker), in
+-- run-id order so concurrent batches lock runs in one order. Returns one task_outcome row per item that names
+-- an existing task, in the order given.
+create function pgflow.complete_tasks(
+  run_ids uuid[],
+  step_slugs text[],
+  task_indexes int[],
+  outputs jsonb[],
+  attempts int[],
+  worker_id uuid default null
+)
+returns setof pgflow.task_outcome
 language plpgsql
 volatile
 set search_path = ''
 as $$
 declare
   v_row record;
-  v_count int := 0;
+  v_out pgflow.task_outcome[] := '{}';
+  v_ord bigint[] := '{}';
+  v_result record;
 begin
   if cardinality(run_ids) is distinct from cardinality(step_slugs)
      or cardinality(run_ids) is distinct from cardinality(task_indexes)
-     or cardinality(run_ids) is distinct from cardinality(outputs) then
-    raise exception 'complete_tasks(): array lengths differ (run_ids %, step_slugs %, task_indexes %, outputs %)',
-      cardinality(run_ids), cardinality(step_slugs), cardinality(task_indexes), cardinality(outputs);
+     or cardinality(run_ids) is distinct from cardinality(outputs)
+     or cardinality(run_ids) is distinct from cardinality(attempts) then
+    raise exception 'complete_tasks(): array lengths differ (run_ids %, step_slugs %, task_indexes %, outputs %, attempts %)',
+      cardinality(run_ids), cardinality(step_slugs), cardinality(task_indexes), cardinality(outputs),
+      cardinality(attempts)
+      using errcode = 'invalid_parameter_value';
   end if;
 
   for v_row in
-    select u.run_id, u.step_slug, u.task_index, u.output
+    select u.run_id, u.step_slug, u.task_index, u.output, u.attempt, u.ord
     from unnest(complete_tasks.run_ids, complete_tasks.step_slugs, complete_tasks.task_indexes,
-                complete_tasks.outputs) with ordinality as u(run_id, step_slug, task_index, output, ord)
+                complete_tasks.outputs, complete_tasks.attempts)
+           with ordinality as u(run_id, step_slug, task_index, output, attempt, ord)
     order by u.run_id, u.ord
   loop
-    perform pgflow.complete_task(v_row.run_id, v_row.step_slug, v_row.task_index, v_row.output);
-    v_count := v_count + 1;
+    if v_row.attempt is null then
+      raise exception 'complete_tasks(): attempts[%] is NULL', v_row.ord
+        using errcode = 'invalid_parameter_value',
+              hint = 'Every item needs the attempt its claim returned.';
+    end if;
+    select c.applied, c.task into v_result
+    from pgflow._complete_task(v_row.run_id, v_row.step_slug, v_row.task_index, v_row.output, v_row.attempt,
+                               complete_tasks.worker_id) c;
+    if (v_result.task).run_id is not null then
+      v_ord := v_ord || v_row.ord;
+      v_out := v_out || ((v_result.task).run_id, (v_result.task).step_slug, (v_result.task).task_index,
+                         case when v_result.applied then 'applied' else 'stale' end,
+                         (v_result.task).status, (v_result.task).attempts_count,
+                         (v_result.task).last_worker_id)::pgflow.task_outcome;
+    end if;
   end loop;
-  return v_count;
+
+  return query
+  select u.run_id, u.step_slug, u.task_index, u.outcome, u.status, u.attempts_count, u.last_worker_id
+  from unnest(v_out) with ordinality
+         as u(run_id, step_slug, task_index, outcome, status, attempts_count, last_worker_id, pos)
+  order by v_ord[u.pos];
 end;
 $$;
 
@@ -393,15 +523,29 @@ $$;
 -- Failing
 ------------------------------------------------------------------------------------------------------------
 
--- Shared by fail_task (p_force_exhausted false) and resolve_stalled_task (true: no retry left).
+-- Records a started task's failure; the one implementation behind fail_task (every form) and the operator's
+-- resolve_stalled_task.
+--
+--   p_force_exhausted   no retry: the task fails as if its attempts were used up (the step's when_exhausted
+--                       applies)
+--   p_attempt/p_worker_id  NULL: unfenced (upstream's fail_task); otherwise the fence of _complete_task
+--   p_retry_delay       seconds before the retry instead of the exponential backoff (NULL: the backoff);
+--                       capped at pgflow._max_retry_delay_seconds()
+-- Retry while attempts remain: back to `queued`, the message visible again after the delay. Otherwise the step's
+-- when_exhausted: fail the step and the run, or skip the step (and, with skip-cascade, its dependents).
+-- Returns whether this call applied the failure, and the task row afterwards.
 create function pgflow._fail_task(
   p_run_id uuid,
   p_step_slug text,
   p_task_index int,
   p_error_message text,
-  p_force_exhausted boolean
+  p_force_exhausted boolean,
+  p_attempt int,
+  p_worker_id uuid,
+  p_retry_delay int,
+  out applied boolean,
+  out task pgflow.step_tasks
 )
-returns pgflow.step_tasks
 language plpgsql
 volatile
 set search_path = ''
@@ -409,24 +553,45 @@ as $$
 declare
   v_run_status text;
   v_flow_slug text;
-  v_task pgflow.step_tasks;
+  v_queue text;
+  v_msg_id bigint;
   v_step_status text;
   v_max_attempts int;
   v_base_delay int;
   v_when_exhausted text;
   v_at timestamptz;
 begin
+  applied := false;
+
+  -- 1. The run row.
   select r.status, r.flow_slug into v_run_status, v_flow_slug
   from pgflow.runs r
   where r.run_id = p_run_id
   for no key update;
+  if not found then
+    return;
+  end if;
 
-  select t.* into v_task
+  -- 2. The task's message.
+  select t.queue_name, t.message_id into v_queue, v_msg_id
+  from pgflow.step_tasks t
+  where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index;
+  if not found then
+    return;
+  end if;
+  if v_msg_id is not null then
+    perform pgflow._lock_messages(v_queue, array[v_msg_id]);
+  end if;
+
+  -- 3. Then read the task, its step and the options, after the locks.
+  select t.* into task
   from pgflow.step_tasks t
   where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index;
 
-  if v_task.run_id is null or v_run_status is distinct from 'started' or v_task.status <> 'started' then
-    return v_task;
+  if v_run_status is distinct from 'started' or task.status <> 'started'
+     or (p_attempt is not null and task.attempts_count is distinct from p_attempt)
+     or (p_worker_id is not null and task.last_worker_id is distinct from p_worker_id) then
+    return;
   end if;
 
   select ss.status,
@@ -440,27 +605,30 @@ begin
   where ss.run_id = p_run_id and ss.step_slug = p_step_slug;
 
   if v_step_status <> 'started' then
-    perform pgmq.archive(v_task.queue_name, v_task.message_id);
-    return v_task;
+    perform pgmq.archive(task.queue_name, task.message_id);
+    return;
   end if;
 
-  -- Retry: back to the queue, visible again after the backoff.
-  if not p_force_exhausted and v_task.attempts_count < v_max_attempts then
+  applied := true;
+
+  -- Retry: back to the queue, visible again after the backoff (or the handler's delay), never more than the cap.
+  if not p_force_exhausted and task.attempts_count < v_max_attempts then
     update pgflow.step_tasks t
     set status = 'queued', started_at = null, error_message = p_error_message
     where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
-    returning t.* into v_task;
-    perform pgmq.set_vt(v_task.queue_name, v_task.message_id,
-                        pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count));
-    return v_task;
+    returning t.* into task;
+    perform pgmq.set_vt(task.queue_name, task.message_id,
+      case when p_retry_delay is null then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count)
+           else least(greatest(p_retry_delay, 0), pgflow._max_retry_delay_seconds()) end);
+    return;
   end if;
 
   -- Exhausted.
   update pgflow.step_tasks t
   set status = 'failed', failed_at = now(), error_message = p_error_message, permanently_stalled_at = null
   where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
-  returning t.* into v_task;
-  perform pgmq.archive(v_task.queue_name, v_task.message_id);
+  returning t.* into task;
+  perform pgmq.archive(task.queue_name, task.message_id);
 
   if v_when_exhausted = 'fail' then
     update pgflow.step_states ss
@@ -476,7 +644,7 @@ begin
       'failed_at', v_at
     ));
     perform pgflow._fail_run(p_run_id, p_error_message);
-    return v_task;
+    return;
   end if;
 
   -- when_exhausted skip / skip-cascade: the step is skipped, its other tasks too.
@@ -505,13 +673,13 @@ begin
   end if;
 
   perform pgflow._advance_run(p_run_id);
-  return v_task;
 end;
 $$;
 
--- Records a started task's failure: retry with exponential backoff while attempts remain, otherwise apply the
--- step's when_exhausted (fail the run, or skip the step / skip it with its dependents). Always returns the
--- task row; for a task that is not `started`, or of a run that is not started, nothing changes.
+-- Upstream's failure: records a started task's failure, unfenced: retry with exponential backoff while attempts
+-- remain, otherwise apply the step's when_exhausted (fail the run, or skip the step / skip it with its
+-- dependents). Always returns the task row; for a task that is not `started`, or of a run that is not started,
+-- nothing changes.
 create function pgflow.fail_task(run_id uuid, step_slug text, task_index int, error_message text)
 returns setof pgflow.step_tasks
 language plpgsql
@@ -521,50 +689,53 @@ as $$
 declare
   v_task pgflow.step_tasks;
 begin
-  v_task := pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index,
-                              fail_task.error_message, false);
+  select (f.task).* into v_task
+  from pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, fail_task.error_message,
+                         false, null, null, null) f;
   if v_task.run_id is not null then
     return next v_task;
   end if;
 end;
 $$;
 
--- fail_task with two handler decisions:
---   * retry_delay_seconds (not null): when the task is retried, its message becomes visible after this many
---     seconds instead of the step's exponential backoff;
---   * terminal (true): no retry; the task fails as if its attempts were exhausted and the step's
---     when_exhausted applies.
--- Otherwise identical to fail_task(run_id, step_slug, task_index, error_message).
+-- The fenced failure, with the handler's two decisions:
+--   attempt, worker_id     the fence (see the top of this file)
+--   retry_delay_seconds    when the task is retried, its message becomes visible after this many seconds instead
+--                          of the step's exponential backoff (capped at one day)
+--   terminal               no retry: the task fails as if its attempts were used up; when_exhausted applies
+-- Returns one task_outcome row ('applied' or 'stale'); no row when the task does not exist.
 create function pgflow.fail_task(
   run_id uuid,
   step_slug text,
   task_index int,
   error_message text,
-  retry_delay_seconds int,
-  terminal boolean
+  attempt int,
+  worker_id uuid default null,
+  retry_delay_seconds int default null,
+  terminal boolean default false
 )
-returns setof pgflow.step_tasks
+returns setof pgflow.task_outcome
 language plpgsql
 volatile
 set search_path = ''
 as $$
 declare
-  v_before text;
-  v_task pgflow.step_tasks;
+  v_result record;
 begin
-  select t.status into v_before
-  from pgflow.step_tasks t
-  where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug and t.task_index = fail_task.task_index;
-
-  v_task := pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index,
-                              fail_task.error_message, coalesce(fail_task.terminal, false));
-
-  if v_before = 'started' and v_task.status = 'queued' and fail_task.retry_delay_seconds is not null then
-    perform pgmq.set_vt(v_task.queue_name, v_task.message_id, greatest(fail_task.retry_delay_seconds, 0));
+  if attempt is null then
+    raise exception 'fail_task(): attempt is required by the fenced form'
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass the attempt the claim returned, or call the four-argument fail_task.';
   end if;
-
-  if v_task.run_id is not null then
-    return next v_task;
+  select f.applied, f.task into v_result
+  from pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, fail_task.error_message,
+                         coalesce(fail_task.terminal, false), fail_task.attempt, fail_task.worker_id,
+                         fail_task.retry_delay_seconds) f;
+  if (v_result.task).run_id is not null then
+    return next ((v_result.task).run_id, (v_result.task).step_slug, (v_result.task).task_index,
+                 case when v_result.applied then 'applied' else 'stale' end,
+                 (v_result.task).status, (v_result.task).attempts_count,
+                 (v_result.task).last_worker_id)::pgflow.task_outcome;
   end if;
 end;
 $$;

@@ -1,14 +1,51 @@
--- pgflow-rs SQL core, migration 0008: recovery, pruning and worker bookkeeping.
+-- pgflow-rs SQL core, migration 0008: recovery of stalled and orphaned tasks, and retention.
 --
--- Upstream interface: requeue_stalled_tasks, mark_worker_stopped (track_worker_function is in 0014),
--- setup_requeue_stalled_tasks_cron (needs pg_cron only when called), prune_data_older_than (upstream ships it
--- as copy-paste SQL). Addition: resolve_stalled_task (operator decision for a permanently stalled task).
+-- Upstream interface: requeue_stalled_tasks, setup_requeue_stalled_tasks_cron (needs pg_cron only when called),
+-- prune_data_older_than (upstream ships it as copy-paste SQL). Additions: resolve_stalled_task (the operator's
+-- decision for a permanently stalled task), requeue_dead_worker_tasks (fast recovery from a worker whose
+-- heartbeat stopped), prune_history (bounded retention) and run_maintenance (all of it, one caller at a time).
 -- Not provided (Supabase-only): ensure_workers, setup_ensure_workers_cron, cleanup_ensure_workers_logs.
+--
+-- Every function here follows the lock order of 0011_claims.sql. Recovery never waits for a message or task
+-- another transaction holds (SKIP LOCKED): that transaction is finishing the task, and the next sweep looks
+-- again.
+
+-- The started tasks, found through started step states (idx_step_states_started), so the cost follows the
+-- work in flight, never the task history. With the effective timeout and max_attempts of each task's step.
+create function pgflow._started_tasks()
+returns table (
+  queue_name text,
+  message_id bigint,
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  started_at timestamptz,
+  last_worker_id uuid,
+  attempts_count int,
+  permanently_stalled_at timestamptz,
+  effective_timeout int,
+  max_attempts int
+)
+language sql
+stable
+set search_path = ''
+as $$
+  select t.queue_name, t.message_id, t.run_id, t.step_slug, t.task_index, t.started_at, t.last_worker_id,
+         t.attempts_count, t.permanently_stalled_at,
+         coalesce(s.opt_timeout, f.opt_timeout), coalesce(s.opt_max_attempts, f.opt_max_attempts)
+  from pgflow.step_states ss
+  join pgflow.runs r on r.run_id = ss.run_id and r.status = 'started'
+  join pgflow.step_tasks t on t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.status = 'started'
+  join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+  join pgflow.flows f on f.flow_slug = ss.flow_slug
+  where ss.status = 'started';
+$$;
 
 -- Requeues started tasks whose worker went silent: a task is stalled once it has been started for longer than
 -- its effective step timeout (coalesce(step, flow)) plus pgflow._stall_buffer_seconds(). Only tasks of started
 -- runs and started steps are considered. Safe to call concurrently: rows another caller holds are skipped.
---   * fewer than 3 requeues so far: back to `queued`, message visible now, requeued_count + 1;
+--   * fewer than 3 requeues so far: back to `queued`, message visible now, requeued_count + 1 (the attempt
+--     that stalled stays counted; as upstream, the next claim counts another one);
 --   * otherwise: permanently_stalled_at is set and the message archived; the task stays `started` until an
 --     operator decides with resolve_stalled_task().
 -- Returns the number of tasks requeued.
@@ -21,21 +58,25 @@ as $$
 declare
   v_requeued int := 0;
   v_group record;
+  v_locked bigint[];
+  v_result record;
 begin
   for v_group in
+    select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
+    from pgflow._started_tasks() c
+    where c.permanently_stalled_at is null and c.message_id is not null
+      and pgflow._recovery_boundary(c.started_at, c.effective_timeout) < now()
+    group by c.queue_name
+    order by c.queue_name
+  loop
+    v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids, true);
     with stalled as (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
-      join pgflow.runs r on r.run_id = t.run_id
-      join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
-      join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-      join pgflow.flows f on f.flow_slug = t.flow_slug
-      where t.status = 'started'
-        and t.permanently_stalled_at is null
-        and r.status = 'started'
-        and ss.status = 'started'
-        and pgflow._recovery_boundary(t.started_at, coalesce(s.opt_timeout, f.opt_timeout)) < now()
-      for update of t skip locked
+      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+        and t.status = 'started' and t.permanently_stalled_at is null
+      order by t.message_id
+      for update skip locked
     ),
     changed as (
       update pgflow.step_tasks t
@@ -47,22 +88,121 @@ begin
           permanently_stalled_at = case when t.requeued_count < 3 then null else now() end
       from stalled x
       where t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
-      returning t.queue_name, t.message_id, t.status
+      returning t.message_id, t.status
     )
-    select c.queue_name, c.status = 'queued' as requeue, array_agg(c.message_id) as ids
-    from changed c
-    where c.message_id is not null
-    group by c.queue_name, c.status = 'queued'
-  loop
-    if v_group.requeue then
-      perform pgmq.set_vt(v_group.queue_name, v_group.ids, 0);
-      v_requeued := v_requeued + cardinality(v_group.ids);
-    else
-      perform pgmq.archive(v_group.queue_name, v_group.ids);
+    select array_agg(c.message_id) filter (where c.status = 'queued') as requeue,
+           array_agg(c.message_id) filter (where c.status <> 'queued') as stalled
+    into v_result
+    from changed c;
+    if v_result.requeue is not null then
+      perform pgmq.set_vt(v_group.queue_name, v_result.requeue, 0);
+      v_requeued := v_requeued + cardinality(v_result.requeue);
+    end if;
+    if v_result.stalled is not null then
+      perform pgmq.archive(v_group.queue_name, v_result.stalled);
     end if;
   end loop;
 
   return v_requeued;
+end;
+$$;
+
+-- Fast recovery from dead workers. A worker whose heartbeat is older than `dead_after` (and that has not
+-- stopped) is dead: it is marked stopped, and each task it still has `started` is recovered at once instead of
+-- waiting for the step timeout plus the stall buffer:
+--   * with attempts left: back to `queued`, its message visible now, requeued_count + 1; the attempt the dead
+--     worker used stays counted, and the next claim counts the next one (no extra attempt is consumed);
+--   * with no attempt left (attempts_count >= max_attempts): the task fails as exhausted with the error
+--     "worker <id> stopped responding during the last attempt", and the step's when_exhausted applies; a task
+--     never runs more than max_attempts times this way.
+-- A worker that was only slow (a long pause, a lost connection) is safe too: its late results are fenced to the
+-- attempt and come back 'stale'. Returns the number of tasks recovered (requeued or failed).
+create function pgflow.requeue_dead_worker_tasks(dead_after interval)
+returns int
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_dead uuid[];
+  v_task record;
+  v_group record;
+  v_locked bigint[];
+  v_count int := 0;
+  v_n int;
+begin
+  if dead_after is null or dead_after <= interval '0' then
+    raise exception 'requeue_dead_worker_tasks(): dead_after must be a positive interval, got %', dead_after
+      using errcode = 'invalid_parameter_value';
+  end if;
+
+  -- Mark newly silent workers stopped (monitoring then stops counting them; a worker that was only slow sees
+  -- it at its next heartbeat and registers again).
+  update pgflow.workers w
+  set stopped_at = clock_timestamp()
+  where w.stopped_at is null and w.last_heartbeat_at < clock_timestamp() - dead_after;
+
+  -- Every silent worker that still holds started tasks, found through the work in flight.
+  select array_agg(distinct c.last_worker_id) into v_dead
+  from pgflow._started_tasks() c
+  join pgflow.workers w on w.worker_id = c.last_worker_id
+  where c.permanently_stalled_at is null and w.last_heartbeat_at < clock_timestamp() - dead_after;
+
+  if v_dead is null then
+    return 0;
+  end if;
+
+  -- The last attempt died with its worker: fail it (run row, then message, then task, in run order).
+  for v_task in
+    select c.run_id, c.step_slug, c.task_index, c.attempts_count, c.max_attempts, c.last_worker_id
+    from pgflow._started_tasks() c
+    where c.last_worker_id = any (v_dead) and c.permanently_stalled_at is null
+      and c.attempts_count >= c.max_attempts
+    order by c.run_id, c.step_slug, c.task_index
+  loop
+    if (select f.applied from pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index,
+          format('worker %s stopped responding during the last attempt (%s of %s)', v_task.last_worker_id,
+                 v_task.attempts_count, v_task.max_attempts),
+          true, v_task.attempts_count, v_task.last_worker_id, null) f) then
+      v_count := v_count + 1;
+    end if;
+  end loop;
+
+  -- The others go back to the queue (message, then task).
+  for v_group in
+    select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
+    from pgflow._started_tasks() c
+    where c.last_worker_id = any (v_dead) and c.permanently_stalled_at is null and c.message_id is not null
+      and c.attempts_count < c.max_attempts
+    group by c.queue_name
+    order by c.queue_name
+  loop
+    v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids, true);
+    with orphaned as (
+      select t.run_id, t.step_slug, t.task_index
+      from pgflow.step_tasks t
+      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+        and t.status = 'started' and t.last_worker_id = any (v_dead)
+      order by t.message_id
+      for update skip locked
+    ),
+    requeued as (
+      update pgflow.step_tasks t
+      set status = 'queued', started_at = null, last_worker_id = null,
+          requeued_count = t.requeued_count + 1, last_requeued_at = now()
+      from orphaned o
+      where t.run_id = o.run_id and t.step_slug = o.step_slug and t.task_index = o.task_index
+      returning t.message_id
+    )
+    select coalesce(array_agg(r.message_id), '{}') into v_locked from requeued r;
+    v_n := cardinality(v_locked);
+    if v_n > 0 then
+      perform pgmq.set_vt(v_group.queue_name, v_locked, 0);
+      v_count := v_count + v_n;
+    end if;
+  end loop;
+
+  return v_count;
 end;
 $$;
 
@@ -111,7 +251,9 @@ begin
   end if;
 
   if action = 'fail' then
-    return next pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index, error_message, true);
+    return query
+    select (f.task).* from pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index, error_message,
+                                             true, null, null, null) f;
     return;
   end if;
 
@@ -131,28 +273,42 @@ begin
 end;
 $$;
 
--- Deletes finished history older than the retention interval:
---   * runs completed or failed before now() - retention_interval, with their step states and tasks, and the
---     tasks' messages (live ones deleted, archived ones removed from the archive), each in the task's queue;
---   * archived messages older than the cutoff in every queue used by a flow;
---   * workers whose last heartbeat is older than the cutoff.
--- Started runs and definitions are never touched.
-create function pgflow.prune_data_older_than(retention_interval interval)
-returns void
+-- Bounded retention: deletes at most `max_runs` runs that finished (completed or failed) before
+-- now() - older_than, with their step states, tasks and the tasks' messages (live or archived, each in the
+-- task's queue); at most `max_runs` * 10 archived messages older than the cutoff in each queue pgflow routes to;
+-- and at most `max_runs` worker rows that stopped (or last beat) before the cutoff and that no retained task
+-- names. Started runs, definitions and live workers are never touched. Returns {"runs", "archived_messages", "workers"}: how many rows went.
+-- Call it again while any count equals its bound.
+create function pgflow.prune_history(older_than interval, max_runs int default 1000)
+returns jsonb
 language plpgsql
 volatile
 set search_path = ''
 as $$
 declare
-  v_cutoff timestamptz := now() - retention_interval;
+  v_cutoff timestamptz := now() - older_than;
   v_run_ids uuid[];
   v_group record;
   v_queue text;
+  v_n int;
+  v_archived bigint := 0;
+  v_workers int;
 begin
-  select array_agg(r.run_id) into v_run_ids
-  from pgflow.runs r
-  where (r.status = 'completed' and r.completed_at < v_cutoff)
-     or (r.status = 'failed' and r.failed_at < v_cutoff);
+  if older_than is null or older_than < interval '0' or coalesce(max_runs, 0) < 1 then
+    raise exception 'prune_history(): older_than must be a non-negative interval and max_runs at least 1 (got %, %)',
+      older_than, max_runs
+      using errcode = 'invalid_parameter_value';
+  end if;
+
+  select array_agg(x.run_id) into v_run_ids
+  from (
+    select r.run_id
+    from pgflow.runs r
+    where r.status <> 'started' and coalesce(r.completed_at, r.failed_at) < v_cutoff
+    order by coalesce(r.completed_at, r.failed_at)
+    limit max_runs
+    for update skip locked
+  ) x;
   v_run_ids := coalesce(v_run_ids, '{}');
 
   for v_group in
@@ -173,14 +329,92 @@ begin
   delete from pgflow.step_states ss where ss.run_id = any (v_run_ids);
   delete from pgflow.runs r where r.run_id = any (v_run_ids);
 
-  for v_queue in select distinct s.queue_name from pgflow.steps s loop
+  for v_queue in select distinct s.queue_name from pgflow.steps s order by 1 loop
     if pgflow._queue_meta_name(v_queue) is not null then
-      execute format('delete from pgmq.%I where archived_at < $1', pgmq.format_table_name(v_queue, 'a'))
-      using v_cutoff;
+      execute format(
+        'delete from pgmq.%1$I where msg_id in (
+           select a.msg_id from pgmq.%1$I a where a.archived_at < $1 order by a.archived_at limit $2)',
+        pgmq.format_table_name(v_queue, 'a'))
+      using v_cutoff, max_runs * 10;
+      get diagnostics v_n = row_count;
+      v_archived := v_archived + v_n;
     end if;
   end loop;
 
-  delete from pgflow.workers w where w.last_heartbeat_at < v_cutoff;
+  delete from pgflow.workers w
+  where w.worker_id in (
+    select o.worker_id from pgflow.workers o
+    where coalesce(o.stopped_at, o.last_heartbeat_at) < v_cutoff
+      -- Still named by a retained task: kept until that task goes, so a deletion never has to touch tasks.
+      and not exists (select 1 from pgflow.step_tasks t where t.last_worker_id = o.worker_id)
+    order by coalesce(o.stopped_at, o.last_heartbeat_at)
+    limit max_runs
+    for update skip locked);
+  get diagnostics v_workers = row_count;
+
+  return jsonb_build_object('runs', cardinality(v_run_ids), 'archived_messages', v_archived,
+                            'workers', v_workers);
+end;
+$$;
+
+-- Deletes all finished history older than the retention interval (upstream's maintenance query): calls
+-- prune_history until nothing older is left. Prefer prune_history, or the workers' own retention, on a busy
+-- database: this one runs in a single transaction however much there is.
+create function pgflow.prune_data_older_than(retention_interval interval)
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_result jsonb;
+begin
+  loop
+    v_result := pgflow.prune_history(retention_interval, 1000);
+    exit when (v_result ->> 'runs')::int < 1000 and (v_result ->> 'archived_messages')::int < 10000
+          and (v_result ->> 'workers')::int < 1000;
+  end loop;
+end;
+$$;
+
+-- Key of the advisory lock that lets one caller at a time run recovery and retention ("pgflow-rq").
+create function pgflow._maintenance_lock_key()
+returns bigint
+language sql
+immutable
+parallel safe
+as $$ select 8099555070761726577::bigint $$;
+
+-- One maintenance sweep, run by workers periodically; at most one caller at a time does the work (a
+-- transaction-scoped advisory lock; the others return at once with "skipped": true):
+--   * requeue_stalled_tasks();
+--   * requeue_dead_worker_tasks(dead_after) when dead_after is given;
+--   * prune_history(retain_for, prune_batch) when retain_for is given (one bounded batch per sweep).
+-- Returns {"skipped", "stalled", "dead", "pruned": {...} | null}.
+create function pgflow.run_maintenance(
+  dead_after interval default null,
+  retain_for interval default null,
+  prune_batch int default 1000
+)
+returns jsonb
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_stalled int;
+  v_dead int;
+  v_pruned jsonb;
+begin
+  if not pg_try_advisory_xact_lock(pgflow._maintenance_lock_key()) then
+    return jsonb_build_object('skipped', true, 'stalled', 0, 'dead', 0, 'pruned', null);
+  end if;
+  v_stalled := pgflow.requeue_stalled_tasks();
+  v_dead := case when dead_after is null then 0 else pgflow.requeue_dead_worker_tasks(dead_after) end;
+  if retain_for is not null then
+    v_pruned := pgflow.prune_history(retain_for, prune_batch);
+  end if;
+  return jsonb_build_object('skipped', false, 'stalled', v_stalled, 'dead', v_dead, 'pruned', v_pruned);
 end;
 $$;
 

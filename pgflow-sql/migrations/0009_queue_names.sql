@@ -1,6 +1,6 @@
--- pgflow-rs SQL core, migration 0011: the canonical per-step queue name resolver and private queue ownership.
+-- pgflow-rs SQL core, migration 0009: the canonical per-step queue name resolver and private queue ownership.
 --
--- The name contract (seed 1, "Canonical queue-name resolution"; shared/README.md):
+-- The name contract (identical in pgflow-rs's macro and runtime; this SQL is authoritative):
 --   for zero-based step index i in the complete ordered shape
 --     readable = lower(flow_slug || '__' || step_slug)
 --     fallback = lower(flow_slug || '__' || i)

@@ -1,8 +1,8 @@
--- pgflow-rs SQL core, migration 0012: startup compilation with queue mode and route map.
+-- pgflow-rs SQL core, migration 0010: startup compilation with queue mode and route map.
 --
--- ensure_flow_compiled gains two trailing, defaulted arguments (queue_mode, routes). The 3-argument function
--- of 0005 is dropped and recreated with them, so there is exactly one function: calls with 2 or 3 arguments,
--- positional or named, keep working and keep their results.
+-- ensure_flow_compiled takes upstream's three arguments plus two trailing, defaulted ones (queue_mode, routes),
+-- in exactly one function: calls with 2 or 3 arguments, positional or named, keep working and keep their
+-- results.
 
 -- Creates a flow (with the given queue mode) and its steps from a shape, routing step i to p_queues[i].
 -- Flow mode: upstream's path (create_flow creates the default queue). Step mode: no default queue; one
@@ -50,9 +50,7 @@ begin
   where s.flow_slug = p_flow_slug and s.step_slug = r.step_slug;
 
   foreach v_queue in array p_queues loop
-    if pgflow._queue_meta_name(v_queue) is null then
-      perform pgmq.create(v_queue);
-    end if;
+    perform pgflow._ensure_queue(v_queue);
   end loop;
 end;
 $$;
@@ -180,7 +178,7 @@ $$;
 --                    [{"step_slug": "...", "queue_name": "..."}, ...]; it must equal what SQL resolves,
 --                    else PF002 is raised (the caller's resolver disagrees with the authoritative one)
 --
--- Before any mutation, step mode resolves every name (PF010 / PF011 / PF012, see 0011) and checks private
+-- Before any mutation, step mode resolves every name (PF010 / PF011 / PF012, see 0009) and checks private
 -- ownership of every queue (PF013). Then, under the per-slug advisory lock:
 --   flow missing                              -> create flow, steps and every queue   -> {"status": "compiled"}
 --   same shape, mode and route map            -> nothing (recreates a missing queue)  -> {"status": "verified"}
@@ -230,6 +228,11 @@ begin
   else
     select coalesce(array_agg(lower(v_slug)), '{}') into v_queues from unnest(v_steps);
   end if;
+
+  -- Every queue name this compilation may create, adopt or route to is claimed under its own lock, so two
+  -- compilations of different flows that resolve to one name (flow "x" step "y__z" and flow "x__y" step "z"
+  -- both give "x__y__z") cannot both pass the ownership checks below.
+  perform pgflow._lock_queue_names(v_queues || lower(v_slug));
 
   if routes is not null then
     if jsonb_typeof(routes) <> 'array' then
@@ -284,9 +287,7 @@ begin
     if v_mode = 'step' then
       perform pgflow._assert_step_queues_private(v_slug, v_steps, v_queues, true);
       foreach v_queue in array v_queues loop
-        if pgflow._queue_meta_name(v_queue) is null then
-          perform pgmq.create(v_queue);
-        end if;
+        perform pgflow._ensure_queue(v_queue);
       end loop;
     end if;
     return jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb);

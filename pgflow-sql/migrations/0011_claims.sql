@@ -1,8 +1,30 @@
--- pgflow-rs SQL core, migration 0013: claiming against an exact subscription, with batch classification.
+-- pgflow-rs SQL core, migration 0011: the classifying claim of pgflow-rs workers, and the one lock order of
+-- the SQL core.
 --
--- pgflow.claim_tasks(queue_name, flow_slug, step_slug, msg_ids, worker_id) is the claim of per-step workers
--- and the classifying claim for plain workers (step_slug NULL). The upstream start_tasks forms stay as they
--- are.
+-- THE LOCK ORDER. Every function of the SQL core that takes row locks takes them in this order, and never
+-- waits for an earlier kind while holding a later one:
+--
+--   1. advisory locks: a flow slug's compile lock, then queue-name locks in sorted order (compilation); the
+--      maintenance lock (recovery and retention, try-only, never waited for);
+--   2. `pgflow.runs` rows (FOR NO KEY UPDATE): every change of a run's state is serialised on its run row;
+--      several runs in run_id order (complete_tasks);
+--   3. PGMQ message rows (`pgmq.q_<queue>`), per queue in msg_id order, several queues in queue-name order:
+--      pgmq.read takes them for a claim; every other path locks a task's message explicitly
+--      (pgflow._lock_messages) before it touches the task;
+--   4. `pgflow.step_tasks` rows, in (queue_name, message_id) order;
+--   5. then `pgflow.step_states` and the run's counters (under the run row of 2).
+--
+-- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
+-- Every other writer of a task holds that task's message first, so a claim never waits for a task row whose
+-- holder waits for one of the claim's messages: the interleaving "read a message in one session, cancel its
+-- task from another, claim it in the first" cannot deadlock. It ends either with the claim first (the task is
+-- then cancelled with its message archived) or with the cancellation first (the claim archives the message of
+-- the terminal task). Recovery paths (stalled tasks, dead workers) take messages and tasks with SKIP LOCKED,
+-- so they never wait at all.
+--
+-- claim_tasks(queue_name, flow_slug, step_slug, msg_ids, worker_id) is the claim of per-step workers and the
+-- classifying claim for plain workers (step_slug NULL). read_and_claim_tasks reads and claims in one call.
+-- The upstream start_tasks forms (0007) stay as they are.
 
 -- Claims the messages `msg_ids` that a worker read from `queue_name` for its subscription
 -- (flow_slug, step_slug; step_slug NULL = every step of the flow, the plain-flow worker).
@@ -27,8 +49,12 @@
 --
 -- Returns one JSON object:
 --   {"outcome": "claimed" | "unsupported" | "disabled",
---    "tasks":    [{"flow_slug", "run_id", "step_slug", "input", "msg_id", "task_index", "flow_input", "attempts_count"}, ...]
---                (pgflow.step_task_record fields, in msg_id order; empty unless outcome = claimed),
+--    "tasks":    [{"flow_slug", "run_id", "step_slug", "input", "msg_id", "task_index", "flow_input",
+--                  "attempts_count", "timeout"}, ...]
+--                (pgflow.step_task_record fields, plus the attempt this claim started, which every result must
+--                carry (the fence of 0007), and the effective step timeout in seconds that the claim's
+--                visibility is based on, so the worker's deadline and the visibility agree; in msg_id order;
+--                empty unless outcome = claimed),
 --    "deferred": [msg_id, ...], "archived": [msg_id, ...], "waiting": [msg_id, ...],
 --    "unsupported": null | {"queue_name", "flow_slug", "step_slug"  (the subscription),
 --                           "msg_ids"  (the whole batch, made visible again),
@@ -62,7 +88,7 @@ declare
   v_run_ids uuid[];
   v_step_slugs text[];
   v_task_indexes int[];
-  v_secs int[];
+  v_secs float8[];
   v_updated int;
   v_disabled jsonb;
   v_report jsonb;
@@ -78,6 +104,9 @@ begin
       'archived', '[]'::jsonb, 'waiting', '[]'::jsonb, 'unsupported', null, 'disabled', null);
   end if;
   v_table := pgmq.format_table_name(v_queue, 'q');
+
+  -- Lock order step 3: the batch's messages (already held when pgmq.read ran in this transaction).
+  perform pgflow._lock_messages(v_queue, v_ids);
 
   -- The fence: a worker of a disabled function claims nothing.
   select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
@@ -120,7 +149,7 @@ begin
          array_agg(c.run_id order by c.id) filter (where c.kind = 'claim'),
          array_agg(c.step_slug order by c.id) filter (where c.kind = 'claim'),
          array_agg(c.task_index order by c.id) filter (where c.kind = 'claim'),
-         array_agg(c.timeout + pgflow._claim_visibility_buffer_seconds() order by c.id) filter (where c.kind = 'claim'),
+         array_agg(c.timeout::float8 + pgflow._claim_visibility_buffer_seconds() order by c.id) filter (where c.kind = 'claim'),
          array_agg(c.id order by c.id) filter (where c.kind = 'defer'),
          array_agg(greatest(pgflow._recovery_boundary(c.started_at, c.timeout),
                             clock_timestamp() + make_interval(secs => pgflow._claim_visibility_buffer_seconds()))
@@ -195,7 +224,7 @@ begin
 
     execute format(
       'update pgmq.%I q set vt = clock_timestamp() + make_interval(secs => v.secs)
-         from unnest($1::bigint[], $2::int[]) as v(id, secs)
+         from unnest($1::bigint[], $2::float8[]) as v(id, secs)
         where q.msg_id = v.id',
       v_table)
     using v_claim_ids, v_secs;
@@ -223,32 +252,22 @@ begin
              'flow_slug', t.flow_slug,
              'run_id', t.run_id,
              'step_slug', t.step_slug,
-             'input', case
-               when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
-               when s.step_type = 'map' then (
-                 select ds.output -> t.task_index
-                 from pgflow.deps d
-                 join pgflow.step_states ds on ds.run_id = t.run_id and ds.step_slug = d.dep_slug
-                 where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug
-                 limit 1)
-               else coalesce((
-                 select jsonb_object_agg(d.dep_slug, ds.output)
-                 from pgflow.deps d
-                 join pgflow.step_states ds on ds.run_id = t.run_id and ds.step_slug = d.dep_slug
-                 where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug and ds.status = 'completed'),
-                 '{}'::jsonb)
-             end,
+             'input', i.input,
              'msg_id', c.msg_id,
              'task_index', t.task_index,
-             'flow_input', case when s.step_type = 'single' and s.deps_count = 0 then r.input end,
-             'attempts_count', t.attempts_count)
+             'flow_input', i.flow_input,
+             'attempts_count', t.attempts_count,
+             'timeout', coalesce(s.opt_timeout, f.opt_timeout))
            order by c.ord)
     into v_tasks
     from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
            with ordinality as c(run_id, step_slug, task_index, msg_id, ord)
     join pgflow.step_tasks t on t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
     join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-    join pgflow.runs r on r.run_id = t.run_id;
+    join pgflow.flows f on f.flow_slug = t.flow_slug
+    join pgflow.runs r on r.run_id = t.run_id
+    cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
+                                           t.element, r.input) i;
   end if;
 
   return jsonb_build_object(

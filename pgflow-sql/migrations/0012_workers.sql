@@ -1,5 +1,6 @@
--- pgflow-rs SQL core, migration 0014: worker registration with an exact subscription, and the fence that
--- persistently disables a worker function (seed 1, "Worker claiming and safety"; seed 2, #654).
+-- pgflow-rs SQL core, migration 0012: workers. Registration with an exact subscription, heartbeats, the fence
+-- that persistently disables a worker function (upstream pgflow #654 describes the production procedure it
+-- serves), stopping, and handing back unfinished tasks.
 
 -- The window in which a worker's heartbeat counts as live (coverage monitoring). Workers heartbeat far more
 -- often (the Rust runtime: every few seconds); a worker silent for longer is treated as gone.
@@ -171,9 +172,12 @@ begin
 end;
 $$;
 
--- A worker's heartbeat: last_heartbeat_at = now. Returns its function's state
---   {"function_name", "enabled", "disabled_reason", "disabled_at", "stopped"}
--- so running workers of a function fenced elsewhere stop too; NULL for an unknown worker.
+-- A worker's heartbeat: last_heartbeat_at = now. Returns its function's state and its own
+--   {"function_name", "enabled", "disabled_reason", "disabled_at", "deprecated", "revived"}
+-- so running workers of a function fenced elsewhere stop too, and a deprecated worker drains; NULL for an
+-- unknown worker. A worker that recovery declared dead (its heartbeat went missing, see
+-- requeue_dead_worker_tasks) but is still alive is registered again here ("revived": true): its tasks were
+-- already recovered, and its late results for them are fenced.
 create function pgflow.worker_heartbeat(worker_id uuid)
 returns jsonb
 language plpgsql
@@ -182,16 +186,21 @@ set search_path = ''
 as $$
 declare
   v_function text;
-  v_stopped boolean;
+  v_deprecated boolean;
+  v_revived boolean;
 begin
   update pgflow.workers w
-  set last_heartbeat_at = clock_timestamp()
-  where w.worker_id = worker_heartbeat.worker_id
-  returning w.function_name, w.stopped_at is not null into v_function, v_stopped;
+  set last_heartbeat_at = clock_timestamp(), stopped_at = null
+  from (select o.worker_id, o.stopped_at is not null as was_stopped
+        from pgflow.workers o where o.worker_id = worker_heartbeat.worker_id for update) old
+  where w.worker_id = old.worker_id
+  returning w.function_name, w.deprecated_at is not null, old.was_stopped
+  into v_function, v_deprecated, v_revived;
   if v_function is null then
     return null;
   end if;
-  return pgflow._worker_function_state(v_function) || jsonb_build_object('stopped', v_stopped);
+  return pgflow._worker_function_state(v_function)
+    || jsonb_build_object('deprecated', v_deprecated, 'revived', v_revived);
 end;
 $$;
 
@@ -206,7 +215,11 @@ $$;
 
 -- Hands back every task the worker still has `started` (a graceful shutdown that could not finish them):
 -- the task is `queued` again with its attempt given back, and its message is visible at once, so another
--- worker picks it up without waiting for stalled-task recovery. Returns the number of tasks released.
+-- worker picks it up without waiting for recovery. The tasks are found through the work in flight, not the
+-- worker's history; messages are locked before tasks (0011_claims.sql). Returns the number of tasks released.
+--
+-- An attempt number given back is used again by the next claim; the fence still tells the two claims apart
+-- because the next claim records another worker (workers pass their worker_id with every result).
 create function pgflow.release_worker_tasks(worker_id uuid)
 returns int
 language plpgsql
@@ -215,16 +228,24 @@ set search_path = ''
 as $$
 declare
   v_group record;
+  v_locked bigint[];
   v_count int := 0;
 begin
   for v_group in
+    select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
+    from pgflow._started_tasks() c
+    where c.last_worker_id = release_worker_tasks.worker_id
+      and c.permanently_stalled_at is null and c.message_id is not null
+    group by c.queue_name
+    order by c.queue_name
+  loop
+    v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids);
     with mine as (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
-      where t.last_worker_id = release_worker_tasks.worker_id
-        and t.status = 'started'
-        and t.permanently_stalled_at is null
-      order by t.queue_name, t.message_id
+      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+        and t.status = 'started' and t.last_worker_id = release_worker_tasks.worker_id
+      order by t.message_id
       for update
     ),
     released as (
@@ -235,16 +256,13 @@ begin
           attempts_count = greatest(t.attempts_count - 1, 0)
       from mine m
       where t.run_id = m.run_id and t.step_slug = m.step_slug and t.task_index = m.task_index
-        and t.status = 'started'
-      returning t.queue_name, t.message_id
+      returning t.message_id
     )
-    select r.queue_name, array_agg(r.message_id) as ids
-    from released r
-    where r.message_id is not null
-    group by r.queue_name
-  loop
-    perform pgmq.set_vt(v_group.queue_name, v_group.ids, 0);
-    v_count := v_count + cardinality(v_group.ids);
+    select coalesce(array_agg(r.message_id), '{}') into v_locked from released r;
+    if cardinality(v_locked) > 0 then
+      perform pgmq.set_vt(v_group.queue_name, v_locked, 0);
+      v_count := v_count + cardinality(v_locked);
+    end if;
   end loop;
   return v_count;
 end;

@@ -1,4 +1,4 @@
--- pgflow-rs SQL core, migration 0015: queue coverage monitoring (seed 1, "Worker coverage and rollout").
+-- pgflow-rs SQL core, migration 0013: queue coverage monitoring (which routes have queued work and no worker).
 --
 -- pgflow.queue_coverage lists every persisted route: one row per step of every flow, in step order.
 --   flow_slug, step_slug, step_index, queue_mode, queue_name

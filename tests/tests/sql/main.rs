@@ -2,18 +2,24 @@
 //!
 //! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
 
+mod bad_input;
 mod claims;
 mod compile;
 mod concurrency;
 mod conditions;
 mod coverage;
 mod events;
+mod fencing;
 mod flow_shapes;
 mod hardening;
 mod hot_paths;
+mod lock_order;
 mod maintenance;
+mod privileges;
 mod queue_identity;
 mod queue_names;
+mod queue_ownership;
+mod recovery;
 mod retries;
 mod step_queues;
 mod step_support;

@@ -1,0 +1,116 @@
+-- pgflow-rs SQL core, migration 0014: least privilege.
+--
+-- Nothing in schema pgflow is executable by PUBLIC. The entry points a worker or a client calls run with the
+-- rights of their owner (the role that installed pgflow: SECURITY DEFINER, with an empty search_path), so the
+-- roles that call them need EXECUTE on exactly those functions and no rights on the tables or on PGMQ.
+-- pgflow.grant_worker_privileges(role) and pgflow.grant_client_privileges(role) grant exactly the documented
+-- sets (OPERATIONS.md lists them); everything else (definitions, deletion, the fence's enable side, operator
+-- decisions, retention of all history) stays with the owner.
+
+revoke execute on all functions in schema pgflow from public;
+alter default privileges in schema pgflow revoke execute on functions from public;
+
+-- The functions a worker calls: compilation, registration and heartbeats, claiming, results, recovery and
+-- retention. Signatures as regprocedure text; a later migration that adds one redefines this list.
+create function pgflow._worker_api()
+returns text[]
+language sql
+immutable
+as $$
+  select array[
+    'pgflow.ensure_flow_compiled(text,jsonb,boolean,text,jsonb)',
+    'pgflow.flow_routes(text)',
+    'pgflow.resolve_step_queues(text,text[])',
+    'pgflow.register_worker(uuid,text,text,text,text)',
+    'pgflow.track_worker_function(text)',
+    'pgflow.worker_heartbeat(uuid)',
+    'pgflow.mark_worker_stopped(uuid)',
+    'pgflow.disable_worker_function(text,text)',
+    'pgflow.claim_tasks(text,text,text,bigint[],uuid)',
+    'pgflow.read_and_claim_tasks(text,text,text,integer,integer,uuid)',
+    'pgflow.start_tasks(text,bigint[],uuid)',
+    'pgflow.start_tasks(text,bigint[],uuid,text)',
+    'pgflow.set_vt_batch(text,bigint[],integer[])',
+    'pgflow.complete_task(uuid,text,integer,jsonb)',
+    'pgflow.complete_task(uuid,text,integer,jsonb,integer,uuid)',
+    'pgflow.complete_tasks(uuid[],text[],integer[],jsonb[],integer[],uuid)',
+    'pgflow.fail_task(uuid,text,integer,text)',
+    'pgflow.fail_task(uuid,text,integer,text,integer,uuid,integer,boolean)',
+    'pgflow.release_worker_tasks(uuid)',
+    'pgflow.requeue_stalled_tasks()',
+    'pgflow.requeue_dead_worker_tasks(interval)',
+    'pgflow.run_maintenance(interval,interval,integer)'
+  ]
+$$;
+
+-- The functions a client calls: start runs and read them.
+create function pgflow._client_api()
+returns text[]
+language sql
+immutable
+as $$
+  select array[
+    'pgflow.start_flow(text,jsonb,uuid)',
+    'pgflow.start_flow_with_states(text,jsonb,uuid)',
+    'pgflow.get_run_with_states(uuid)',
+    'pgflow.run_channel(uuid)'
+  ]
+$$;
+
+-- Entry points run with their owner's rights (each already has `set search_path = ''`).
+do $$
+declare
+  v_fn text;
+begin
+  foreach v_fn in array pgflow._worker_api() || pgflow._client_api() loop
+    execute format('alter function %s security definer', v_fn::regprocedure);
+  end loop;
+end;
+$$;
+
+-- Grants `role_name` what a pgflow-rs worker needs, and nothing more:
+--   usage on schema pgflow; execute on pgflow._worker_api(); select on pgflow.schema_migrations (the worker's
+--   schema-version check), pgflow.runs (StepContext::flow_input) and the view pgflow.queue_coverage.
+-- Run it as the owner of the pgflow schema (the installing role), again after upgrades that add functions.
+create function pgflow.grant_worker_privileges(role_name text)
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_fn text;
+begin
+  execute format('grant usage on schema pgflow to %I', role_name);
+  foreach v_fn in array pgflow._worker_api() loop
+    execute format('grant execute on function %s to %I', v_fn::regprocedure, role_name);
+  end loop;
+  execute format('grant select on pgflow.runs, pgflow.queue_coverage to %I', role_name);
+  -- Created by the installer (pgflow_sql::install or the printed script) before the migrations.
+  if to_regclass('pgflow.schema_migrations') is not null then
+    execute format('grant select on pgflow.schema_migrations to %I', role_name);
+  end if;
+end;
+$$;
+
+-- Grants `role_name` what a client (starting runs, waiting for them, reading their state) needs:
+--   usage on schema pgflow; execute on pgflow._client_api(); select on pgflow.runs and pgflow.step_states.
+-- Run it as the owner of the pgflow schema.
+create function pgflow.grant_client_privileges(role_name text)
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_fn text;
+begin
+  execute format('grant usage on schema pgflow to %I', role_name);
+  foreach v_fn in array pgflow._client_api() loop
+    execute format('grant execute on function %s to %I', v_fn::regprocedure, role_name);
+  end loop;
+  execute format('grant select on pgflow.runs, pgflow.step_states to %I', role_name);
+end;
+$$;
+
+revoke execute on all functions in schema pgflow from public;
