@@ -14,7 +14,7 @@ use tokio::sync::OnceCell;
 use uuid::Uuid;
 
 use crate::flow::Flow;
-use crate::statements as sql;
+use crate::statements;
 use crate::watch::Hub;
 
 /// An error starting a run or reading one.
@@ -136,7 +136,7 @@ pub async fn start_flow_by_slug<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    Ok(sqlx::query_scalar(sql::START_FLOW)
+    Ok(sqlx::query_scalar(statements::START_FLOW)
         .bind(flow_slug)
         .bind(input)
         .bind(run_id)
@@ -232,7 +232,7 @@ impl Client {
     ///
     /// A database error, or [`ClientError::State`] when the JSON cannot be read.
     pub async fn run(&self, run_id: Uuid) -> Result<Option<RunState>, ClientError> {
-        let raw: Option<Value> = sqlx::query_scalar(sql::GET_RUN_WITH_STATES)
+        let raw: Option<Value> = sqlx::query_scalar(statements::GET_RUN_WITH_STATES)
             .bind(run_id)
             .fetch_one(&self.pool)
             .await?;
@@ -316,7 +316,7 @@ impl Client {
     /// `Some(output)` when completed, an error when failed or missing, `None` while running.
     async fn outcome(&self, run_id: Uuid) -> Result<Option<Value>, WaitError> {
         type Row = (String, Option<Value>, Option<String>, Option<String>);
-        let row: Option<Row> = sqlx::query_as(sql::RUN_OUTCOME)
+        let row: Option<Row> = sqlx::query_as(statements::RUN_OUTCOME)
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;

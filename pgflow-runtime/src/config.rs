@@ -20,21 +20,28 @@ pub enum Compilation {
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
-/// | `max_concurrent` | 10 | handlers running at once (and tasks claimed but unfinished) |
+/// | `max_concurrent` | 10 | handlers running at once |
 /// | `batch_size` | 10 | most messages one read asks for (never more than the free slots) |
+/// | `max_unrecorded` | 128 | results (outputs and failures) waiting to be recorded; claiming pauses at this many, so a slow database cannot pile up unrecorded work |
 /// | `poll_interval` | 50 ms | wait after an empty read; doubles while idle |
 /// | `max_poll_wait` | 250 ms | longest wait between reads while idle (bounds the pick-up latency of work another worker enqueued) |
 /// | `read_visibility` | 5 s | how long a read message stays hidden before the claim extends it |
-/// | `heartbeat_interval` | 5 s | `pgflow.workers.last_heartbeat_at` updates; deprecation and the fence are seen here |
-/// | `shutdown_grace` | 30 s | how long in-flight handlers may finish after shutdown is requested |
+/// | `heartbeat_interval` | 2 s | `pgflow.workers.last_heartbeat_at` updates; deprecation and the fence are seen here |
+/// | `dead_worker_timeout` | 10 s (`Some`) | a worker whose heartbeat is older is dead: its started tasks are requeued at once (`None`: leave it to stalled recovery, step timeout + 30 s) |
+/// | `maintenance_interval` | 5 s (`Some`) | how often this worker runs `pgflow.run_maintenance` (recovery and retention; one worker at a time) |
+/// | `retention` | 7 days (`Some`) | finished runs, their tasks and archived messages, and stopped workers older than this are deleted, in bounded batches, during maintenance (`None`: keep everything) |
+/// | `retention_batch` | 1000 | most runs deleted per maintenance sweep |
+/// | `shutdown_grace` | 30 s | how long in-flight handlers may finish, and their results be recorded, after shutdown is requested |
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
-/// | `stalled_recovery_interval` | 15 s (`Some`) | how often `requeue_stalled_tasks` runs (one worker at a time) |
-/// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling |
+/// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
 /// | `completion_batch_size` | 64 | most outputs recorded in one `complete_tasks` call |
 /// | `completion_flushers` | 4 | `complete_tasks` calls in flight at once |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
+///
+/// Step timeouts and retries are flow and step options, not worker settings: each claim carries the step's
+/// effective timeout from the database.
 ///
 /// The pool is the caller's: it should allow at least `completion_flushers + 3` connections
 /// (claims, completions, heartbeats, handlers that query).
@@ -45,6 +52,8 @@ pub struct WorkerConfig {
     pub max_concurrent: usize,
     /// Most messages one read asks for.
     pub batch_size: usize,
+    /// Results waiting to be recorded at most; claiming pauses while this many wait.
+    pub max_unrecorded: usize,
     /// Wait after an empty read.
     pub poll_interval: Duration,
     /// Longest wait between reads while idle.
@@ -53,13 +62,19 @@ pub struct WorkerConfig {
     pub read_visibility: Duration,
     /// Heartbeat period.
     pub heartbeat_interval: Duration,
-    /// Time in-flight handlers get to finish on shutdown.
+    /// How long a silent worker counts as alive; `None` disables dead-worker recovery by this worker.
+    pub dead_worker_timeout: Option<Duration>,
+    /// Maintenance period; `None` leaves recovery and retention to someone else (e.g. pg_cron).
+    pub maintenance_interval: Option<Duration>,
+    /// Age at which finished history is deleted; `None` keeps everything.
+    pub retention: Option<Duration>,
+    /// Most runs deleted per maintenance sweep.
+    pub retention_batch: usize,
+    /// Time in-flight handlers get to finish (and their results to be recorded) on shutdown.
     pub shutdown_grace: Duration,
     /// Time cancelled handlers get to return after the grace.
     pub cancel_grace: Duration,
-    /// Stalled-task recovery period; `None` leaves recovery to someone else (e.g. pg_cron).
-    pub stalled_recovery_interval: Option<Duration>,
-    /// Cap of the exponential backoff after poll errors.
+    /// Cap of the exponential backoff after database errors.
     pub poll_error_backoff_max: Duration,
     /// Most outputs per `complete_tasks` call.
     pub completion_batch_size: usize,
@@ -78,13 +93,17 @@ impl Default for WorkerConfig {
         WorkerConfig {
             max_concurrent: 10,
             batch_size: 10,
+            max_unrecorded: 128,
             poll_interval: Duration::from_millis(50),
             max_poll_wait: Duration::from_millis(250),
             read_visibility: Duration::from_secs(5),
-            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(2),
+            dead_worker_timeout: Some(Duration::from_secs(10)),
+            maintenance_interval: Some(Duration::from_secs(5)),
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            retention_batch: 1000,
             shutdown_grace: Duration::from_secs(30),
             cancel_grace: Duration::from_secs(2),
-            stalled_recovery_interval: Some(Duration::from_secs(15)),
             poll_error_backoff_max: Duration::from_secs(5),
             completion_batch_size: 64,
             completion_flushers: 4,
@@ -135,6 +154,15 @@ pub enum ConfigError {
         /// The maximum wait.
         max_poll_wait: Duration,
     },
+    /// `dead_worker_timeout` not comfortably longer than `heartbeat_interval`: live workers would be
+    /// declared dead between two heartbeats.
+    #[error("`dead_worker_timeout` ({dead_worker_timeout:?}) must be at least three `heartbeat_interval`s ({heartbeat_interval:?})")]
+    DeadBeforeHeartbeats {
+        /// The heartbeat period.
+        heartbeat_interval: Duration,
+        /// The dead-worker timeout.
+        dead_worker_timeout: Duration,
+    },
     /// An empty or too long worker name.
     #[error("`worker_name` must be 1 to 128 characters, got {len}")]
     WorkerName {
@@ -153,6 +181,8 @@ impl WorkerConfig {
         for (setting, value, max) in [
             ("max_concurrent", self.max_concurrent, 10_000),
             ("batch_size", self.batch_size, 1_000),
+            ("max_unrecorded", self.max_unrecorded, 1_000_000),
+            ("retention_batch", self.retention_batch, 1_000_000),
             ("completion_batch_size", self.completion_batch_size, 10_000),
             ("completion_flushers", self.completion_flushers, 64),
         ] {
@@ -174,10 +204,16 @@ impl WorkerConfig {
             ("heartbeat_interval", self.heartbeat_interval, ms(10)),
             ("poll_error_backoff_max", self.poll_error_backoff_max, ms(1)),
             (
-                "stalled_recovery_interval",
-                self.stalled_recovery_interval.unwrap_or(ms(10)),
+                "maintenance_interval",
+                self.maintenance_interval.unwrap_or(ms(10)),
                 ms(10),
             ),
+            (
+                "dead_worker_timeout",
+                self.dead_worker_timeout.unwrap_or(ms(100)),
+                ms(100),
+            ),
+            ("retention", self.retention.unwrap_or(ms(1_000)), ms(1_000)),
         ] {
             if value < min {
                 return Err(ConfigError::TooShort {
@@ -192,6 +228,14 @@ impl WorkerConfig {
                 poll_interval: self.poll_interval,
                 max_poll_wait: self.max_poll_wait,
             });
+        }
+        if let Some(dead) = self.dead_worker_timeout {
+            if dead < self.heartbeat_interval * 3 {
+                return Err(ConfigError::DeadBeforeHeartbeats {
+                    heartbeat_interval: self.heartbeat_interval,
+                    dead_worker_timeout: dead,
+                });
+            }
         }
         if let Some(name) = &self.worker_name {
             let len = name.chars().count();

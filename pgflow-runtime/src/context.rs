@@ -36,44 +36,60 @@ pub struct StepContext<F: Flow> {
     flow_input: Arc<OnceCell<Arc<F::Input>>>,
 }
 
-/// Everything the runtime worker needs to build a [`StepContext`].
-#[doc(hidden)]
-pub struct StepContextParts<F: Flow> {
-    /// `pgflow.runs.run_id`.
-    pub run_id: Uuid,
-    /// The step being run.
-    pub step: F::Step,
-    /// `pgflow.step_tasks.task_index` (0 for single steps).
-    pub task_index: i32,
-    /// The attempt number, starting at 1 (`pgflow.step_tasks.attempts_count` after the claim).
-    pub attempt: i32,
-    /// The PGMQ message id.
-    pub msg_id: i64,
-    /// The pool the worker uses.
-    pub pool: PgPool,
-    /// Fires on shutdown or timeout.
-    pub cancellation: CancellationToken,
-    /// The flow input when the worker already has it (root single steps); `None` fetches lazily.
-    pub flow_input: Option<Arc<F::Input>>,
-}
-
 impl<F: Flow> StepContext<F> {
-    /// Builds a context. Used by the runtime worker and by tests.
-    #[doc(hidden)]
-    pub fn new(parts: StepContextParts<F>) -> Self {
-        let cell = match parts.flow_input {
-            Some(input) => OnceCell::new_with(Some(input)),
-            None => OnceCell::new(),
-        };
+    /// A context for running `step` of run `run_id` with `pool`: task index 0, attempt 1, message id 0, a
+    /// fresh cancellation token, and a flow input fetched from the database when a handler asks for it.
+    ///
+    /// The worker builds every handler's context this way; calling a flow's handlers directly (through
+    /// [`Flow::dispatch`](crate::Flow::dispatch), in a unit test for example) works the same. A pool
+    /// that never connects (`PgPoolOptions::new().connect_lazy(..)`) is enough while no handler uses it.
+    pub fn new(run_id: Uuid, step: F::Step, pool: PgPool) -> Self {
         StepContext {
-            run_id: parts.run_id,
-            step: parts.step,
-            task_index: parts.task_index,
-            attempt: parts.attempt,
-            msg_id: parts.msg_id,
-            pool: parts.pool,
-            cancellation: parts.cancellation,
-            flow_input: Arc::new(cell),
+            run_id,
+            step,
+            task_index: 0,
+            attempt: 1,
+            msg_id: 0,
+            pool,
+            cancellation: CancellationToken::new(),
+            flow_input: Arc::new(OnceCell::new()),
+        }
+    }
+
+    /// Sets the task index (the element position of a map task).
+    #[must_use]
+    pub fn with_task_index(mut self, task_index: i32) -> Self {
+        self.task_index = task_index;
+        self
+    }
+
+    /// Sets the attempt number (1 for the first attempt).
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: i32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Sets the PGMQ message id.
+    #[must_use]
+    pub fn with_msg_id(mut self, msg_id: i64) -> Self {
+        self.msg_id = msg_id;
+        self
+    }
+
+    /// Uses `token` as the cancellation token the handler watches.
+    #[must_use]
+    pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancellation = token;
+        self
+    }
+
+    /// Provides the flow input up front, so [`StepContext::flow_input`] never queries the database.
+    #[must_use]
+    pub fn with_flow_input(self, input: F::Input) -> Self {
+        StepContext {
+            flow_input: Arc::new(OnceCell::new_with(Some(Arc::new(input)))),
+            ..self
         }
     }
 
@@ -123,11 +139,10 @@ impl<F: Flow> StepContext<F> {
     pub async fn flow_input(&self) -> Result<Arc<F::Input>, StepError> {
         self.flow_input
             .get_or_try_init(|| async {
-                let raw: serde_json::Value =
-                    sqlx::query_scalar("SELECT input FROM pgflow.runs WHERE run_id = $1")
-                        .bind(self.run_id)
-                        .fetch_one(&self.pool)
-                        .await?;
+                let raw: serde_json::Value = sqlx::query_scalar(crate::statements::RUN_INPUT)
+                    .bind(self.run_id)
+                    .fetch_one(&self.pool)
+                    .await?;
                 serde_json::from_value::<F::Input>(raw)
                     .map(Arc::new)
                     .map_err(|e| {

@@ -57,7 +57,6 @@ pub mod config;
 pub mod context;
 pub mod error;
 pub mod flow;
-#[path = "sql.rs"]
 mod statements;
 pub mod step_queued;
 mod watch;
@@ -70,8 +69,6 @@ pub mod __private;
 pub use client::{Client, ClientError, RunHandle, RunState, RunStatus, StepState, WaitError};
 pub use config::{Compilation, ConfigError, WorkerConfig};
 pub use context::StepContext;
-#[doc(hidden)]
-pub use context::StepContextParts;
 pub use error::{BoxError, StepError};
 pub use flow::{task_input, Flow, FlowStep, StepKind, UnknownStep};
 pub use pgflow_macros::{flow, step};
@@ -80,7 +77,9 @@ pub use pgflow_macros::{flow, step};
 pub use pgflow_sql::names as queue_names;
 pub use queue_names::{FlowQueueNameError, QueueNameError, StepQueueNameError};
 pub use step_queued::{StepQueueRoutes, StepQueued, StepWorkerSpec};
-pub use worker::{StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport};
+pub use worker::{
+    CompileStatus, StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
+};
 
 /// `Result<T, StepError>`, the usual handler return type.
 pub type StepResult<T, E = StepError> = Result<T, E>;

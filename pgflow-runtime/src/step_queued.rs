@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use sqlx::PgPool;
 
 use crate::flow::{Flow, FlowStep};
-use crate::worker::{Mode, WorkerBuilder};
+use crate::worker::{FlowEntry, WorkerBuilder};
 
 /// The route table (step, queue) of a flow deployed with one queue per step.
 ///
@@ -132,13 +132,7 @@ impl<F: StepQueueRoutes> StepWorkerSpec<F> {
     /// # Ok(()) }
     /// ```
     pub fn builder(&self, pool: PgPool) -> WorkerBuilder<F> {
-        WorkerBuilder::new(
-            pool,
-            Mode::Step {
-                step: self.step,
-                routes: F::ROUTES,
-            },
-        )
+        WorkerBuilder::new(pool, FlowEntry::step::<F>(self.step, F::ROUTES))
     }
 }
 

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, Notify};
 use uuid::Uuid;
 
-use crate::statements as sql;
+use crate::statements;
 
 enum Cmd {
     Listen(Uuid, oneshot::Sender<bool>),
@@ -101,7 +101,7 @@ async fn run(mut listener: PgListener, mut rx: mpsc::UnboundedReceiver<Cmd>, wai
             cmd = rx.recv() => match cmd {
                 None => return,
                 Some(Cmd::Listen(run_id, ack)) => {
-                    let ok = listener.listen(&sql::run_channel(run_id)).await;
+                    let ok = listener.listen(&statements::run_channel(run_id)).await;
                     if let Err(e) = &ok {
                         tracing::debug!(%run_id, error = %e, "LISTEN failed; waiters poll");
                     }
@@ -110,7 +110,7 @@ async fn run(mut listener: PgListener, mut rx: mpsc::UnboundedReceiver<Cmd>, wai
                 Some(Cmd::Unlisten(run_id)) => {
                     let still_waited = waiters.lock().expect("waiters lock").contains_key(&run_id);
                     if !still_waited {
-                        let _ = listener.unlisten(&sql::run_channel(run_id)).await;
+                        let _ = listener.unlisten(&statements::run_channel(run_id)).await;
                     }
                 }
             },

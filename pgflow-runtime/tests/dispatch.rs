@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 
-use pgflow_runtime::{flow, task_input, Flow, FlowStep, StepContext, StepContextParts, StepError};
+use pgflow_runtime::{flow, task_input, Flow, FlowStep, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The run input.
@@ -91,16 +90,11 @@ fn ctx(step: dispatch_flow::Step, input: Option<Ticket>) -> StepContext<Dispatch
     let pool = PgPoolOptions::new()
         .connect_lazy("postgres://invalid")
         .expect("a lazy pool never connects");
-    StepContext::new(StepContextParts {
-        run_id: Uuid::nil(),
-        step,
-        task_index: 0,
-        attempt: 1,
-        msg_id: 1,
-        pool,
-        cancellation: CancellationToken::new(),
-        flow_input: input.map(Arc::new),
-    })
+    let ctx = StepContext::new(Uuid::nil(), step, pool).with_msg_id(1);
+    match input {
+        Some(input) => ctx.with_flow_input(input),
+        None => ctx,
+    }
 }
 
 async fn run(step: dispatch_flow::Step, input: Value) -> Result<Value, StepError> {

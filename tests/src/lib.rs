@@ -82,3 +82,51 @@ pub mod crash_flow {
         Ok(n * 2)
     }
 }
+
+/// A flow of mixed shapes for the fault tests: two roots, a map over the first root's array, and a join of
+/// the map and the second root. Every handler pauses a few milliseconds, so a killed worker is usually in
+/// the middle of some. `expected_total(n)` is the `total` a correct run of input `n` produces.
+#[pgflow_runtime::flow(slug = "mixedFlow", input = u32, max_attempts = 10, timeout = 30)]
+pub mod mixed_flow {
+    use std::time::Duration;
+
+    use pgflow_runtime::StepError;
+
+    async fn pause(seed: u32) {
+        tokio::time::sleep(Duration::from_millis(u64::from(seed % 7) + 1)).await;
+    }
+
+    /// `0..(n % 4 + 1)`.
+    #[step]
+    async fn split(n: u32) -> Result<Vec<u32>, StepError> {
+        pause(n).await;
+        Ok((0..n % 4 + 1).collect())
+    }
+
+    /// `2 n`.
+    #[step]
+    async fn side(n: u32) -> Result<u32, StepError> {
+        pause(n + 3).await;
+        Ok(n * 2)
+    }
+
+    /// `x + 1` for every element of `split`.
+    #[step(map = split)]
+    async fn each(x: u32) -> Result<u32, StepError> {
+        pause(x).await;
+        Ok(x + 1)
+    }
+
+    /// The sum of `each`, plus `side`.
+    #[step(depends_on = [each, side])]
+    async fn total(each: Vec<u32>, side: u32) -> Result<u32, StepError> {
+        pause(side).await;
+        Ok(each.iter().sum::<u32>() + side)
+    }
+}
+
+/// The `total` a correct run of `mixedFlow` with input `n` produces.
+pub fn expected_total(n: u32) -> u32 {
+    let k = n % 4 + 1;
+    k * (k + 1) / 2 + 2 * n
+}

@@ -1,17 +1,20 @@
-//! Background duties: heartbeats (deprecation and the fence), and stalled-task recovery.
+//! Background duties: heartbeats (deprecation, the fence, revival after being declared dead), and
+//! maintenance (stalled and dead-worker recovery, retention).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
+use serde_json::Value;
+use sqlx::postgres::types::PgInterval;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::StopReason;
-use crate::statements as sql;
+use crate::statements;
 
-/// Beats every `interval` until `done` fires; on deprecation or a disabled function, records why and
-/// fires `stop` (claiming stops, in-flight work drains).
+/// Beats every `interval` until `done` fires; on deprecation or a disabled function, records why and fires
+/// `stop` (claiming stops, in-flight work drains).
 pub(crate) async fn heartbeat(
     pool: PgPool,
     worker_id: Uuid,
@@ -27,14 +30,12 @@ pub(crate) async fn heartbeat(
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let beat: Result<Option<(bool, bool)>, sqlx::Error> = sqlx::query_as(sql::HEARTBEAT)
+        let beat: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(statements::HEARTBEAT)
             .bind(worker_id)
-            .fetch_optional(&pool)
+            .fetch_one(&pool)
             .await;
-        let why = match beat {
-            Ok(Some((true, _))) => StopReason::Deprecated,
-            Ok(Some((false, false))) => StopReason::Disabled,
-            Ok(Some(_)) => continue,
+        let state = match beat {
+            Ok(Some(state)) => state,
             Ok(None) => {
                 tracing::warn!(%worker_id, "heartbeat found no `pgflow.workers` row for this worker");
                 continue;
@@ -43,6 +44,17 @@ pub(crate) async fn heartbeat(
                 tracing::warn!(%worker_id, error = %e, "heartbeat failed");
                 continue;
             }
+        };
+        if state["revived"] == Value::Bool(true) {
+            tracing::warn!(%worker_id, "this worker was declared dead (its heartbeat went missing) and registered again; \
+                the tasks it had started were recovered, and their late results will be ignored as stale");
+        }
+        let why = if state["deprecated"] == Value::Bool(true) {
+            StopReason::Deprecated
+        } else if state["enabled"] == Value::Bool(false) {
+            StopReason::Disabled
+        } else {
+            continue;
         };
         if !stop.is_cancelled() {
             match why {
@@ -59,25 +71,56 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// Runs `requeue_stalled_tasks` every `interval` (first at startup), skipped while another worker holds
-/// the recovery lock.
-pub(crate) async fn recover_stalled(pool: PgPool, interval: Duration, done: CancellationToken) {
-    let mut ticker = tokio::time::interval(interval);
+/// What a maintenance sweep is asked to do.
+pub(crate) struct Maintenance {
+    pub(crate) interval: Duration,
+    pub(crate) dead_after: Option<Duration>,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) retention_batch: usize,
+}
+
+fn interval(d: Duration) -> PgInterval {
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
+    }
+}
+
+/// Runs `pgflow.run_maintenance` every `interval` (first at startup); the SQL lets one caller at a time work.
+pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationToken) {
+    let mut ticker = tokio::time::interval(m.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let batch = i32::try_from(m.retention_batch).unwrap_or(i32::MAX);
     loop {
         tokio::select! {
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let result: Result<Option<i32>, sqlx::Error> =
-            sqlx::query_scalar(sql::REQUEUE_STALLED_TASKS)
-                .bind(sql::REQUEUE_LOCK_KEY)
-                .fetch_one(&pool)
-                .await;
+        let result: Result<Value, sqlx::Error> = sqlx::query_scalar(statements::RUN_MAINTENANCE)
+            .bind(m.dead_after.map(interval))
+            .bind(m.retention.map(interval))
+            .bind(batch)
+            .fetch_one(&pool)
+            .await;
         match result {
-            Ok(Some(n)) if n > 0 => tracing::warn!(requeued = n, "requeued stalled tasks"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "stalled-task recovery failed"),
+            Ok(r) => {
+                let stalled = r["stalled"].as_i64().unwrap_or(0);
+                let dead = r["dead"].as_i64().unwrap_or(0);
+                if stalled > 0 {
+                    tracing::warn!(requeued = stalled, "requeued stalled tasks");
+                }
+                if dead > 0 {
+                    tracing::warn!(
+                        recovered = dead,
+                        "recovered the tasks of workers whose heartbeat stopped"
+                    );
+                }
+                if r["pruned"]["runs"].as_i64().unwrap_or(0) > 0 {
+                    tracing::debug!(pruned = %r["pruned"], "retention pruned finished history");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "maintenance failed"),
         }
     }
 }

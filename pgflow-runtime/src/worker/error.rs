@@ -96,6 +96,14 @@ pub enum WorkerError {
     /// function persistently and stopped.
     #[error(transparent)]
     Unsupported(Box<UnsupportedBatch>),
+    /// The database answered something this build does not understand.
+    #[error("unexpected database result while {during}: {result}")]
+    UnexpectedResult {
+        /// What the worker was doing.
+        during: &'static str,
+        /// What came back.
+        result: String,
+    },
     /// A database call at startup or shutdown failed.
     #[error("database error while {during}: {source}")]
     Database {

@@ -1,135 +1,171 @@
-//! Running one claimed task: timeout, panics, and recording the outcome.
+//! Running one claimed task: dispatch by concrete flow and step, the step timeout, panics, and handing the
+//! outcome to the recorder.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
+use sqlx::PgPool;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use super::complete::{Completion, RECORD_ATTEMPTS};
-use super::run::Shared;
-use crate::context::{StepContext, StepContextParts};
-use crate::error::StepError;
-use crate::flow::{task_input, Flow, FlowStep};
-use crate::statements as sql;
+use super::record::{Outcome, Pending, TaskKey, TaskResult};
+use super::subscription::{step_deadline, Subscription, TaskFacts};
 
-enum Outcome {
+/// What running tasks share.
+pub(crate) struct Shared {
+    pub(crate) pool: PgPool,
+    pub(crate) subscription: Arc<Subscription>,
+    /// Parent of every handler's token; fires once the shutdown grace is over.
+    pub(crate) handlers: CancellationToken,
+    /// How long a timed-out handler may take to react to its token before it is dropped.
+    pub(crate) timeout_cancel_wait: Duration,
+    pub(crate) results: mpsc::UnboundedSender<TaskResult>,
+    pub(crate) pending: Pending,
+}
+
+enum Ran {
     Done(serde_json::Value),
-    Failed(StepError),
+    Failed(crate::StepError),
     Panicked(String),
     TimedOut(Duration),
 }
 
-/// Runs a claimed task and records its outcome. Holds `permit` until the outcome is queued or recorded.
-pub(crate) async fn execute<F: Flow>(
-    shared: Arc<Shared<F>>,
+/// Runs a claimed task and hands its outcome to the recorder. `slot` (a handler slot) is freed when the
+/// handler returns; `unrecorded` travels with the result until it is recorded.
+pub(crate) async fn execute(
+    shared: Arc<Shared>,
     task: Claimed,
-    completions: mpsc::UnboundedSender<Completion>,
-    permit: OwnedSemaphorePermit,
+    slot: OwnedSemaphorePermit,
+    unrecorded: OwnedSemaphorePermit,
 ) {
-    let Some(step) = F::Step::from_slug(&task.step_slug) else {
-        let message = format!(
-            "flow `{}` has no handler for step `{}` in this build",
-            F::SLUG,
-            task.step_slug
-        );
-        tracing::error!(flow = F::SLUG, step = %task.step_slug, run_id = %task.run_id,
-            msg_id = task.msg_id, "claimed a task of a step this build does not have");
-        record_failure(&shared, &task.step_slug, &task, &message, None, true).await;
-        return;
-    };
-    let span = tracing::debug_span!("pgflow.task", flow = F::SLUG, step = step.slug(),
+    let span = tracing::debug_span!("pgflow.task", flow = %task.flow_slug, step = %task.step_slug,
         run_id = %task.run_id, task_index = task.task_index, msg_id = task.msg_id, attempt = task.attempt);
-    let mut task = task;
     async move {
-        tracing::debug!("task started");
-        let started = Instant::now();
-        let token = shared.handlers.child_token();
-        let ctx = StepContext::new(StepContextParts {
+        let key = TaskKey {
             run_id: task.run_id,
-            step,
+            flow_slug: task.flow_slug.clone(),
+            step_slug: task.step_slug.clone(),
             task_index: task.task_index,
-            attempt: task.attempt,
             msg_id: task.msg_id,
-            pool: shared.pool.clone(),
-            cancellation: token.clone(),
-            flow_input: None,
-        });
-        let input = task_input(
-            step,
-            std::mem::take(&mut task.input),
-            task.flow_input.take(),
-        );
-        let limit = shared.timeouts[step.index()];
-        let handler = AssertUnwindSafe(F::dispatch(step, input, ctx)).catch_unwind();
-        tokio::pin!(handler);
-        let outcome = tokio::select! {
-            result = &mut handler => match result {
-                Ok(Ok(output)) => Outcome::Done(output),
-                Ok(Err(e)) => Outcome::Failed(e),
-                Err(panic) => Outcome::Panicked(panic_message(panic.as_ref())),
-            },
-            _ = tokio::time::sleep(limit) => {
-                // Cancel first, give a cooperative handler a moment to stop, then drop it.
-                token.cancel();
-                let _ = tokio::time::timeout(shared.timeout_cancel_wait, &mut handler).await;
-                Outcome::TimedOut(limit)
-            }
+            attempt: task.attempt,
         };
-        let elapsed_ms = started.elapsed().as_millis() as u64;
-        // Cancelled by shutdown: the worker hands the task back; a failure now is not the handler's fault.
-        if shared.handlers.is_cancelled() && !matches!(outcome, Outcome::Done(_)) {
-            tracing::debug!(
-                elapsed_ms,
-                "task interrupted by shutdown; it will be handed back"
-            );
+        let outcome = run(&shared, task).await;
+        drop(slot);
+        let Some(outcome) = outcome else {
             return;
+        };
+        shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(key.msg_id, key.clone());
+        let result = TaskResult {
+            key,
+            outcome,
+            _permit: unrecorded,
+        };
+        if let Err(lost) = shared.results.send(result) {
+            // The recorder is gone (the worker is stopping): recovery runs the task again.
+            shared
+                .pending
+                .lock()
+                .expect("pending lock")
+                .remove(&lost.0.key.msg_id);
         }
-        match outcome {
-            Outcome::Done(output) => {
-                tracing::debug!(elapsed_ms, "task completed");
-                let _ = completions.send(Completion {
-                    run_id: task.run_id,
-                    step_slug: step.slug(),
-                    task_index: task.task_index,
-                    msg_id: task.msg_id,
-                    output,
-                });
-            }
-            Outcome::Failed(e) => {
-                let message = e.chain_message();
-                record_failure(
-                    &shared,
-                    step.slug(),
-                    &task,
-                    &message,
-                    e.retry_delay(),
-                    e.is_terminal(),
-                )
-                .await;
-            }
-            Outcome::Panicked(msg) => {
-                let message = format!("step `{}` handler panicked: {msg}", step.slug());
-                record_failure(&shared, step.slug(), &task, &message, None, false).await;
-            }
-            Outcome::TimedOut(limit) => {
-                let message = format!(
-                    "step `{}` timed out after {}s (its effective timeout)",
-                    step.slug(),
-                    limit.as_secs()
-                );
-                record_failure(&shared, step.slug(), &task, &message, None, false).await;
-            }
-        }
-        drop(permit);
     }
     .instrument(span)
     .await;
+}
+
+/// The handler's outcome; `None` when the task was interrupted by shutdown (the worker hands it back).
+async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
+    tracing::debug!("task started");
+    let started = Instant::now();
+    let limit = step_deadline(task.timeout);
+    let token = shared.handlers.child_token();
+    let facts = TaskFacts {
+        run_id: task.run_id,
+        task_index: task.task_index,
+        attempt: task.attempt,
+        msg_id: task.msg_id,
+        input: task.input,
+        flow_input: task.flow_input,
+        pool: shared.pool.clone(),
+        cancellation: token.clone(),
+    };
+    let dispatched = match shared.subscription.flow(&task.flow_slug) {
+        Some(flow) => (flow.dispatch)(&task.step_slug, facts),
+        None => Err(format!(
+            "this worker has no flow `{}` (it serves {})",
+            task.flow_slug,
+            shared.subscription.describe()
+        )),
+    };
+    let handler = match dispatched {
+        Ok(handler) => handler,
+        Err(message) => {
+            tracing::error!(error = %message, "claimed a task this build cannot run");
+            return Some(Outcome::Failure {
+                message,
+                retry_after: None,
+                terminal: true,
+            });
+        }
+    };
+    let handler = AssertUnwindSafe(handler).catch_unwind();
+    tokio::pin!(handler);
+    let ran = tokio::select! {
+        result = &mut handler => match result {
+            Ok(Ok(output)) => Ran::Done(output),
+            Ok(Err(e)) => Ran::Failed(e),
+            Err(panic) => Ran::Panicked(panic_message(panic.as_ref())),
+        },
+        _ = tokio::time::sleep(limit) => {
+            // Cancel first, give a cooperative handler a moment to stop, then drop it.
+            token.cancel();
+            let _ = tokio::time::timeout(shared.timeout_cancel_wait, &mut handler).await;
+            Ran::TimedOut(limit)
+        }
+    };
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    // Cancelled by shutdown: the worker hands the task back; a failure now is not the handler's fault.
+    if shared.handlers.is_cancelled() && !matches!(ran, Ran::Done(_)) {
+        tracing::debug!(
+            elapsed_ms,
+            "task interrupted by shutdown; it will be handed back"
+        );
+        return None;
+    }
+    let step = &task.step_slug;
+    Some(match ran {
+        Ran::Done(output) => {
+            tracing::debug!(elapsed_ms, "task completed");
+            Outcome::Output(output)
+        }
+        Ran::Failed(e) => Outcome::Failure {
+            message: e.chain_message(),
+            retry_after: e.retry_delay(),
+            terminal: e.is_terminal(),
+        },
+        Ran::Panicked(msg) => Outcome::Failure {
+            message: format!("step `{step}` handler panicked: {msg}"),
+            retry_after: None,
+            terminal: false,
+        },
+        Ran::TimedOut(limit) => Outcome::Failure {
+            message: format!(
+                "step `{step}` timed out after {}s (its effective timeout)",
+                limit.as_secs()
+            ),
+            retry_after: None,
+            terminal: false,
+        },
+    })
 }
 
 fn panic_message(panic: &(dyn Any + Send)) -> String {
@@ -139,54 +175,5 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "a non-string panic payload".to_owned()
-    }
-}
-
-/// `pgflow.fail_task` with the handler's choices, retried on database errors.
-async fn record_failure<F: Flow>(
-    shared: &Shared<F>,
-    step_slug: &str,
-    task: &Claimed,
-    message: &str,
-    retry_after: Option<Duration>,
-    terminal: bool,
-) {
-    let delay_secs = retry_after.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
-    let mut backoff = Duration::from_millis(100);
-    for attempt in 1..=RECORD_ATTEMPTS {
-        let result: Result<Option<String>, sqlx::Error> = sqlx::query_scalar(sql::FAIL_TASK)
-            .bind(task.run_id)
-            .bind(step_slug)
-            .bind(task.task_index)
-            .bind(message)
-            .bind(delay_secs)
-            .bind(terminal)
-            .fetch_optional(&shared.pool)
-            .await;
-        match result {
-            Ok(status) => {
-                shared.stats.failed.fetch_add(1, Ordering::Relaxed);
-                match status.as_deref() {
-                    Some("queued") => tracing::warn!(
-                        error = %message, retry_in_s = ?delay_secs, "task failed; it will be retried"
-                    ),
-                    Some("failed") => tracing::error!(
-                        error = %message, terminal, "task failed for good"
-                    ),
-                    other => tracing::debug!(
-                        error = %message, status = ?other, "task failure recorded; the task had already moved on"
-                    ),
-                }
-                return;
-            }
-            Err(e) if attempt < RECORD_ATTEMPTS => {
-                tracing::warn!(error = %e, attempt, "recording a task failure failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot record a task failure; the task is left to stalled-task recovery");
-            }
-        }
     }
 }

@@ -1,13 +1,19 @@
 //! Workers: [`Worker`] runs every step of a flow from its queue; a step worker (from
 //! [`StepQueued::worker`](crate::StepQueued::worker)) runs one step from its private queue.
+//!
+//! Inside, a worker is one queue and the steps it serves there (`subscription`); startup compiles and
+//! registers (`startup`); `serve` claims (`claim`), runs (`execute`) and records (`record`) until it stops,
+//! with heartbeats and maintenance beside it (`background`) and one retry policy (`retry`).
 
 mod background;
 mod claim;
-mod complete;
 mod error;
 mod execute;
-mod run;
+mod record;
+mod retry;
+mod serve;
 mod startup;
+mod subscription;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -21,19 +27,9 @@ use uuid::Uuid;
 pub use crate::config::{Compilation, ConfigError, WorkerConfig};
 pub use error::{UnsupportedBatch, WorkerError};
 
-use crate::flow::{Flow, FlowStep};
-
-/// Which tasks a worker runs.
-#[derive(Clone, Copy)]
-pub(crate) enum Mode<S: 'static> {
-    /// Every step of the flow, from the flow's single queue.
-    Plain,
-    /// One step, from its private queue (`routes`: the macro's route table, step order).
-    Step {
-        step: S,
-        routes: &'static [(S, &'static str)],
-    },
-}
+use crate::flow::Flow;
+pub(crate) use subscription::FlowEntry;
+use subscription::Subscription;
 
 /// Builds a [`Worker`]; every setting has a default (see [`WorkerConfig`]).
 ///
@@ -58,8 +54,9 @@ pub(crate) enum Mode<S: 'static> {
 #[must_use = "a builder does nothing until `build` and `run`"]
 pub struct WorkerBuilder<F: Flow> {
     pool: PgPool,
-    mode: Mode<F::Step>,
+    entry: FlowEntry,
     config: WorkerConfig,
+    _flow: PhantomData<fn() -> F>,
 }
 
 macro_rules! setters {
@@ -73,11 +70,12 @@ macro_rules! setters {
 }
 
 impl<F: Flow> WorkerBuilder<F> {
-    pub(crate) fn new(pool: PgPool, mode: Mode<F::Step>) -> Self {
+    pub(crate) fn new(pool: PgPool, entry: FlowEntry) -> Self {
         WorkerBuilder {
             pool,
-            mode,
+            entry,
             config: WorkerConfig::default(),
+            _flow: PhantomData,
         }
     }
 
@@ -92,21 +90,30 @@ impl<F: Flow> WorkerBuilder<F> {
         max_concurrent: usize,
         /// Most messages one read asks for (default 10).
         batch_size: usize,
+        /// Results waiting to be recorded at most; claiming pauses at this many (default 128).
+        max_unrecorded: usize,
         /// Wait after an empty read, doubling while idle (default 50 ms).
         poll_interval: Duration,
         /// Longest wait between reads while idle (default 250 ms).
         max_poll_wait: Duration,
         /// Visibility of a read message until its claim (default 5 s, whole seconds).
         read_visibility: Duration,
-        /// Heartbeat period (default 5 s).
+        /// Heartbeat period (default 2 s).
         heartbeat_interval: Duration,
+        /// A worker silent for longer is dead and its tasks are requeued, `None` to leave that to
+        /// stalled recovery (default 10 s).
+        dead_worker_timeout: Option<Duration>,
         /// Time in-flight handlers get on shutdown (default 30 s).
         shutdown_grace: Duration,
         /// Time cancelled handlers get after the grace (default 2 s).
         cancel_grace: Duration,
-        /// Stalled-task recovery period, `None` to leave it to others (default 15 s).
-        stalled_recovery_interval: Option<Duration>,
-        /// Cap of the backoff after poll errors (default 5 s).
+        /// Maintenance period (recovery and retention), `None` to leave it to others (default 5 s).
+        maintenance_interval: Option<Duration>,
+        /// Age at which finished history is deleted, `None` to keep everything (default 7 days).
+        retention: Option<Duration>,
+        /// Most runs deleted per maintenance sweep (default 1000).
+        retention_batch: usize,
+        /// Cap of the backoff after database errors (default 5 s).
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per `complete_tasks` call (default 64).
         completion_batch_size: usize,
@@ -133,7 +140,7 @@ impl<F: Flow> WorkerBuilder<F> {
         self.config.validate()?;
         Ok(Worker {
             pool: self.pool,
-            mode: self.mode,
+            subscription: Subscription::single(self.entry),
             config: self.config,
             worker_id: Uuid::new_v4(),
             _flow: PhantomData,
@@ -154,18 +161,9 @@ impl<F: Flow> fmt::Debug for WorkerBuilder<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerBuilder")
             .field("flow", &F::SLUG)
-            .field("step", &self.mode_step())
+            .field("step", &self.entry.served_step)
             .field("config", &self.config)
             .finish_non_exhaustive()
-    }
-}
-
-impl<F: Flow> WorkerBuilder<F> {
-    fn mode_step(&self) -> Option<&'static str> {
-        match self.mode {
-            Mode::Plain => None,
-            Mode::Step { step, .. } => Some(step.slug()),
-        }
     }
 }
 
@@ -177,7 +175,7 @@ impl<F: Flow> WorkerBuilder<F> {
 /// timeout, and records every outcome. Several workers (and processes) may serve one queue.
 pub struct Worker<F: Flow> {
     pool: PgPool,
-    mode: Mode<F::Step>,
+    subscription: Subscription,
     config: WorkerConfig,
     worker_id: Uuid,
     _flow: PhantomData<fn() -> F>,
@@ -186,7 +184,7 @@ pub struct Worker<F: Flow> {
 impl<F: Flow> Worker<F> {
     /// A worker for every step of `F`, on the flow's single queue. The pool stays the caller's.
     pub fn builder(pool: PgPool) -> WorkerBuilder<F> {
-        WorkerBuilder::new(pool, Mode::Plain)
+        WorkerBuilder::new(pool, FlowEntry::plain::<F>())
     }
 
     /// This worker's id (`pgflow.workers.worker_id`).
@@ -212,8 +210,12 @@ impl<F: Flow> Worker<F> {
     /// function, a database error), or [`WorkerError::Unsupported`] when the worker met
     /// messages it must not run. Database errors while running are retried with backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
-        let ready = run::prepare(self).await?;
-        run::serve(ready, shutdown).await
+        let ready = self.prepare().await?;
+        serve::serve(ready, shutdown).await
+    }
+
+    async fn prepare(self) -> Result<serve::Ready, WorkerError> {
+        serve::prepare(self.pool, self.subscription, self.config, self.worker_id).await
     }
 
     /// Runs startup here (so its errors are returned, and the flow is compiled and the worker
@@ -244,9 +246,9 @@ impl<F: Flow> Worker<F> {
     /// Startup errors, as for [`Worker::run`].
     pub async fn spawn(self, shutdown: CancellationToken) -> Result<WorkerHandle, WorkerError> {
         let worker_id = self.worker_id;
-        let ready = run::prepare(self).await?;
+        let ready = self.prepare().await?;
         let token = shutdown.clone();
-        let join = tokio::spawn(run::serve(ready, shutdown));
+        let join = tokio::spawn(serve::serve(ready, shutdown));
         Ok(WorkerHandle {
             worker_id,
             token,
@@ -277,6 +279,7 @@ impl<F: Flow> fmt::Debug for Worker<F> {
         f.debug_struct("Worker")
             .field("flow", &F::SLUG)
             .field("worker_id", &self.worker_id)
+            .field("queue", &self.subscription.queue)
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -357,6 +360,38 @@ pub enum StopReason {
     Disabled,
 }
 
+/// What startup compilation did with a flow (`pgflow.ensure_flow_compiled`'s status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompileStatus {
+    /// The flow did not exist and was created.
+    Compiled,
+    /// The stored flow matched this build.
+    Verified,
+    /// The stored flow differed and was replaced (a local database, or `Compilation::AllowDataLoss`).
+    Recompiled,
+    /// Compilation was skipped (`Compilation::Skip`).
+    Skipped,
+}
+
+impl CompileStatus {
+    /// The SQL status text (`compiled`, `verified`, `recompiled`) or `skipped`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CompileStatus::Compiled => "compiled",
+            CompileStatus::Verified => "verified",
+            CompileStatus::Recompiled => "recompiled",
+            CompileStatus::Skipped => "skipped",
+        }
+    }
+}
+
+impl fmt::Display for CompileStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a worker did, returned when it stops cleanly.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -365,12 +400,14 @@ pub struct WorkerReport {
     pub worker_id: Uuid,
     /// Why it stopped.
     pub stop_reason: StopReason,
-    /// `ensure_flow_compiled`'s status (`compiled`, `verified`, `recompiled`), or `skipped`.
-    pub compile_status: String,
+    /// What startup compilation did with the flow.
+    pub compile_status: CompileStatus,
     /// Tasks whose output was recorded.
     pub completed: u64,
     /// Tasks whose failure was recorded (retried or not).
     pub failed: u64,
+    /// Results ignored as stale: the task had moved on to another attempt (or finished) meanwhile.
+    pub stale: u64,
     /// Unfinished tasks handed back at shutdown.
     pub released: u64,
 }

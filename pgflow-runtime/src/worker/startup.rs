@@ -1,107 +1,52 @@
-//! Startup: schema check, compilation, queue resolution, worker-function fence, registration.
+//! Startup: schema check, compilation, route verification, worker-function fence, registration.
 
-use std::time::Duration;
-
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::error::{routing_or_database, Context, WorkerError};
-use super::Mode;
+use super::subscription::{FlowEntry, Subscription};
+use super::CompileStatus;
 use crate::config::{Compilation, WorkerConfig};
-use crate::flow::{Flow, FlowStep};
-use crate::statements as sql;
+use crate::statements;
 
-/// What startup learned from the database.
+/// What startup established.
 pub(crate) struct Prepared {
-    pub(crate) queue: String,
     pub(crate) function_name: String,
-    /// Effective timeout per step index.
-    pub(crate) timeouts: Vec<Duration>,
-    pub(crate) compile_status: String,
+    /// Each flow's compilation result, in the subscription's order.
+    pub(crate) compiled: Vec<(&'static str, CompileStatus)>,
 }
 
-pub(crate) async fn prepare<F: Flow>(
+pub(crate) async fn prepare(
     pool: &PgPool,
-    mode: Mode<F::Step>,
+    subscription: &Subscription,
     config: &WorkerConfig,
     worker_id: Uuid,
 ) -> Result<Prepared, WorkerError> {
     check_schema(pool, config.auto_install).await?;
-    let compile_status = compile::<F>(pool, mode, config.compilation).await?;
-
-    let rows: Vec<(String, String, i32)> = sqlx::query_as(sql::FLOW_STEPS)
-        .bind(F::SLUG)
-        .fetch_all(pool)
-        .await
-        .during("reading the flow's steps")?;
-    if rows.is_empty() {
-        return Err(WorkerError::FlowMissing {
-            flow_slug: F::SLUG.to_owned(),
-        });
-    }
-    let mut timeouts = Vec::with_capacity(F::Step::ALL.len());
-    for step in F::Step::ALL {
-        let Some((_, _, secs)) = rows.iter().find(|(slug, _, _)| slug == step.slug()) else {
-            return Err(WorkerError::StepMissing {
-                flow_slug: F::SLUG.to_owned(),
-                step_slug: step.slug().to_owned(),
-            });
-        };
-        timeouts.push(Duration::from_secs(
-            u64::try_from(*secs).unwrap_or(1).max(1),
-        ));
+    let mut compiled = Vec::with_capacity(subscription.flows.len());
+    for flow in &subscription.flows {
+        compiled.push((flow.slug, compile(pool, flow, config.compilation).await?));
+        verify_routes(pool, flow, &subscription.queue).await?;
     }
 
-    let queue = match mode {
-        Mode::Plain => {
-            let mut queues: Vec<String> = rows.iter().map(|(_, q, _)| q.clone()).collect();
-            queues.sort();
-            queues.dedup();
-            if queues.len() != 1 {
-                return Err(WorkerError::SeveralQueues {
-                    flow_slug: F::SLUG.to_owned(),
-                    queues,
-                });
-            }
-            queues.remove(0)
-        }
-        Mode::Step { step, routes } => {
-            let route = routes[step.index()].1;
-            let persisted = rows
-                .iter()
-                .find(|(slug, _, _)| slug == step.slug())
-                .map(|(_, q, _)| q.clone())
-                .unwrap_or_default();
-            if persisted != route {
-                return Err(WorkerError::QueueMismatch {
-                    flow_slug: F::SLUG.to_owned(),
-                    step_slug: step.slug().to_owned(),
-                    expected_queue: route.to_owned(),
-                    persisted_queue: persisted,
-                });
-            }
-            persisted
-        }
-    };
-
-    let function_name = config.worker_name.clone().unwrap_or_else(|| queue.clone());
-    let step_slug = match mode {
-        Mode::Plain => None,
-        Mode::Step { step, .. } => Some(step.slug()),
-    };
-    let state: Value = sqlx::query_scalar(sql::REGISTER_WORKER)
+    let function_name = config
+        .worker_name
+        .clone()
+        .unwrap_or_else(|| subscription.queue.clone());
+    let (flow_slug, step_slug) = subscription.claim_scope();
+    let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
         .bind(&function_name)
-        .bind(&queue)
-        .bind(F::SLUG)
+        .bind(&subscription.queue)
+        .bind(flow_slug)
         .bind(step_slug)
         .fetch_one(pool)
         .await
-        .map_err(|e| routing_or_database(F::SLUG, "registering the worker", e))?;
+        .map_err(|e| routing_or_database(flow_slug, "registering the worker", e))?;
     if state["enabled"] == Value::Bool(false) {
         // Registered but fenced: record it as stopped at once, so monitoring does not count it.
-        sqlx::query(sql::MARK_WORKER_STOPPED)
+        sqlx::query(statements::MARK_WORKER_STOPPED)
             .bind(worker_id)
             .execute(pool)
             .await
@@ -111,13 +56,61 @@ pub(crate) async fn prepare<F: Flow>(
             reason: state["disabled_reason"].as_str().map(str::to_owned),
         });
     }
-
     Ok(Prepared {
-        queue,
         function_name,
-        timeouts,
-        compile_status,
+        compiled,
     })
+}
+
+/// The persisted routes of the flow must send the served steps to this worker's queue.
+async fn verify_routes(pool: &PgPool, flow: &FlowEntry, queue: &str) -> Result<(), WorkerError> {
+    let rows: Vec<(String, String)> = sqlx::query_as(statements::FLOW_ROUTES)
+        .bind(flow.slug)
+        .fetch_all(pool)
+        .await
+        .during("reading the flow's routes")?;
+    if rows.is_empty() {
+        return Err(WorkerError::FlowMissing {
+            flow_slug: flow.slug.to_owned(),
+        });
+    }
+    for step in &flow.steps {
+        if !rows.iter().any(|(slug, _)| slug == step) {
+            return Err(WorkerError::StepMissing {
+                flow_slug: flow.slug.to_owned(),
+                step_slug: (*step).to_owned(),
+            });
+        }
+    }
+    match flow.served_step {
+        None => {
+            let mut queues: Vec<String> = rows.into_iter().map(|(_, q)| q).collect();
+            queues.sort();
+            queues.dedup();
+            if queues != [queue] {
+                return Err(WorkerError::SeveralQueues {
+                    flow_slug: flow.slug.to_owned(),
+                    queues,
+                });
+            }
+        }
+        Some(step) => {
+            let persisted = rows
+                .into_iter()
+                .find(|(slug, _)| slug == step)
+                .map(|(_, q)| q)
+                .unwrap_or_default();
+            if persisted != queue {
+                return Err(WorkerError::QueueMismatch {
+                    flow_slug: flow.slug.to_owned(),
+                    step_slug: step.to_owned(),
+                    expected_queue: queue.to_owned(),
+                    persisted_queue: persisted,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerError> {
@@ -155,38 +148,26 @@ async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerErr
     }
 }
 
-async fn compile<F: Flow>(
+async fn compile(
     pool: &PgPool,
-    mode: Mode<F::Step>,
+    flow: &FlowEntry,
     compilation: Compilation,
-) -> Result<String, WorkerError> {
+) -> Result<CompileStatus, WorkerError> {
     let allow_data_loss = match compilation {
-        Compilation::Skip => return Ok("skipped".to_owned()),
+        Compilation::Skip => return Ok(CompileStatus::Skipped),
         Compilation::Verify => false,
         Compilation::AllowDataLoss => true,
     };
-    let (queue_mode, routes) = match mode {
-        Mode::Plain => ("flow", None),
-        Mode::Step { routes, .. } => (
-            "step",
-            Some(Value::Array(
-                routes
-                    .iter()
-                    .map(|(step, queue)| json!({"step_slug": step.slug(), "queue_name": queue}))
-                    .collect(),
-            )),
-        ),
-    };
-    let result: Value = sqlx::query_scalar(sql::ENSURE_FLOW_COMPILED)
-        .bind(F::SLUG)
-        .bind(F::shape())
+    let (queue_mode, routes) = flow.routing.compile_arguments();
+    let result: Value = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
+        .bind(flow.slug)
+        .bind(&flow.shape)
         .bind(allow_data_loss)
         .bind(queue_mode)
         .bind(routes)
         .fetch_one(pool)
         .await
-        .map_err(|e| routing_or_database(F::SLUG, "compiling the flow", e))?;
-    let status = result["status"].as_str().unwrap_or_default().to_owned();
+        .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
     let differences: Vec<String> = result["differences"]
         .as_array()
         .map(|a| {
@@ -195,19 +176,42 @@ async fn compile<F: Flow>(
                 .collect()
         })
         .unwrap_or_default();
-    match status.as_str() {
-        "mismatch" => Err(WorkerError::ShapeMismatch {
-            flow_slug: F::SLUG.to_owned(),
-            differences,
-        }),
-        "recompiled" => {
+    match result["status"].as_str() {
+        Some("compiled") => Ok(CompileStatus::Compiled),
+        Some("verified") => Ok(CompileStatus::Verified),
+        Some("recompiled") => {
             tracing::warn!(
-                flow = F::SLUG,
+                flow = flow.slug,
                 differences = ?differences,
                 "flow recompiled: its previous definition and every run of it were deleted"
             );
-            Ok(status)
+            Ok(CompileStatus::Recompiled)
         }
-        _ => Ok(status),
+        Some("mismatch") => Err(WorkerError::ShapeMismatch {
+            flow_slug: flow.slug.to_owned(),
+            differences,
+        }),
+        other => Err(WorkerError::UnexpectedResult {
+            during: "compiling the flow",
+            result: format!("ensure_flow_compiled status {other:?}"),
+        }),
+    }
+}
+
+/// Startup visibility of missing step workers: routes with queued work and no live worker.
+pub(crate) async fn log_uncovered_routes(pool: &PgPool, flow_slug: &str) {
+    let rows: Result<Vec<(String, String, i64)>, sqlx::Error> =
+        sqlx::query_as(statements::UNCOVERED_ROUTES)
+            .bind(flow_slug)
+            .fetch_all(pool)
+            .await;
+    match rows {
+        Ok(rows) => {
+            for (step, queue, queued) in rows {
+                tracing::warn!(flow = flow_slug, step = %step, queue = %queue, queued,
+                    "step has queued work and no live worker; its tasks wait until one starts");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot read pgflow.queue_coverage"),
     }
 }

@@ -21,7 +21,7 @@ async fn main() {
     Worker::<CrashFlow>::builder(pool)
         .poll_interval(Duration::from_millis(10))
         .max_poll_wait(Duration::from_millis(50))
-        .stalled_recovery_interval(None)
+        .maintenance_interval(None)
         .build()
         .expect("valid config")
         .run_until_signal()

@@ -1,6 +1,6 @@
 //! Compatibility: runs started by hand in SQL, shape verification, mismatches, schema checks.
 
-use pgflow_runtime::{flow, Compilation, Flow, StepError, Worker, WorkerError};
+use pgflow_runtime::{flow, Compilation, CompileStatus, Flow, StepError, Worker, WorkerError};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +54,7 @@ async fn the_macro_shape_is_verified_against_a_database_compiled_from_the_same_f
         .await
         .stop()
         .await;
-    assert_eq!(first.compile_status, "compiled");
+    assert_eq!(first.compile_status, CompileStatus::Compiled);
     let stored: Value = sqlx::query_scalar("select pgflow._get_flow_shape('compatFlow')")
         .fetch_one(pool)
         .await
@@ -69,7 +69,7 @@ async fn the_macro_shape_is_verified_against_a_database_compiled_from_the_same_f
         .await
         .stop()
         .await;
-    assert_eq!(second.compile_status, "verified");
+    assert_eq!(second.compile_status, CompileStatus::Verified);
 }
 
 #[tokio::test]
@@ -112,7 +112,7 @@ async fn a_different_stored_flow_refuses_to_start_listing_the_differences() {
     token.cancel();
     assert_eq!(
         report.run(token).await.unwrap().compile_status,
-        "recompiled"
+        CompileStatus::Recompiled
     );
 }
 
@@ -132,7 +132,7 @@ async fn a_database_without_pgflow_is_refused_unless_auto_install_is_on() {
         .run(token)
         .await
         .unwrap();
-    assert_eq!(report.compile_status, "compiled");
+    assert_eq!(report.compile_status, CompileStatus::Compiled);
 }
 
 #[tokio::test]

@@ -39,7 +39,10 @@ async fn linear_flow_runs_to_completion_with_a_typed_output() {
     assert_eq!(out.describe, "result 42");
     let report = worker.stop().await;
     assert_eq!(report.completed, 3);
-    assert_eq!(report.compile_status, "compiled");
+    assert_eq!(
+        report.compile_status,
+        pgflow_runtime::CompileStatus::Compiled
+    );
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -6,6 +6,7 @@ mod client;
 mod compat;
 mod failures;
 mod flows;
+mod reliability;
 mod shutdown;
 mod steps;
 mod support;

@@ -188,7 +188,8 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
         "started"
     );
 
-    // Step timeout 2 s + the 30 s stall buffer, then stalled recovery in this worker.
+    // The child's heartbeat stops; this worker's maintenance finds it dead after `dead_worker_timeout` (1 s in
+    // the test settings) and requeues its task at once, instead of after the step timeout + 30 s.
     let rescuer = support::spawn::<CrashFlow>(pool).await;
     let out = run.wait(Duration::from_secs(60)).await.unwrap();
     assert_eq!(out.work, 42);

@@ -20,7 +20,8 @@ pub(crate) fn fast<F: Flow>(b: WorkerBuilder<F>) -> WorkerBuilder<F> {
         .heartbeat_interval(Duration::from_millis(100))
         .shutdown_grace(Duration::from_secs(5))
         .cancel_grace(Duration::from_millis(500))
-        .stalled_recovery_interval(Some(Duration::from_millis(500)))
+        .maintenance_interval(Some(Duration::from_millis(500)))
+        .dead_worker_timeout(Some(Duration::from_secs(1)))
         .poll_error_backoff_max(Duration::from_millis(500))
 }
 
@@ -72,4 +73,16 @@ pub(crate) async fn wait_for_workers(pool: &PgPool, count: i64) {
             == count
     })
     .await;
+}
+
+/// Compiles `F` as a plain flow (what a worker's startup does), so runs can start before any worker.
+pub(crate) async fn compile<F: Flow>(pool: &PgPool) {
+    let result: serde_json::Value =
+        sqlx::query_scalar("select pgflow.ensure_flow_compiled(flow_slug => $1, shape => $2)")
+            .bind(F::SLUG)
+            .bind(F::shape())
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_ne!(result["status"], "mismatch", "{result}");
 }

@@ -1,0 +1,76 @@
+//! Every SQL statement the runtime sends, in one place; `pgflow.*` functions are called with named arguments.
+//!
+//! The runtime touches no table directly except those a worker or client role is granted read access to
+//! (`pgflow.runs`, `pgflow.step_states`, `pgflow.queue_coverage`, `pgflow.schema_migrations`); everything
+//! else goes through the SQL core's functions.
+
+/// `ensure_flow_compiled` → `{status, differences}`.
+pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compiled(\
+     flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5)";
+
+/// The persisted route map of a flow: `(step_slug, queue_name)` in step order.
+pub(crate) const FLOW_ROUTES: &str =
+    "select step_slug, queue_name from pgflow.flow_routes(flow_slug => $1) \
+     order by step_index";
+
+/// Registers this worker with its exact subscription → `{enabled, disabled_reason, ...}`.
+pub(crate) const REGISTER_WORKER: &str = "select pgflow.register_worker(worker_id => $1, \
+     function_name => $2, queue_name => $3, flow_slug => $4, step_slug => $5)";
+
+/// Disables a worker function persistently, with the reason (until an operator enables it again).
+pub(crate) const DISABLE_WORKER_FUNCTION: &str =
+    "select pgflow.disable_worker_function(function_name => $1, reason => $2)";
+
+/// Heartbeat → `{enabled, deprecated, revived, ...}`, or NULL for an unknown worker.
+pub(crate) const HEARTBEAT: &str = "select pgflow.worker_heartbeat(worker_id => $1)";
+
+/// Routes of a flow with queued work and no live worker (`pgflow.queue_coverage`).
+pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_tasks \
+     from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
+
+/// Read and classifying claim for one exact subscription (a step, or every step of a plain flow), in one round trip.
+pub(crate) const READ_AND_CLAIM_TASKS: &str =
+    "select pgflow.read_and_claim_tasks(queue_name => $1, \
+     flow_slug => $2, step_slug => $3, qty => $4, vt => $5, worker_id => $6)";
+
+/// Records a batch of outputs, fenced to each task's attempt and this worker → one outcome row per task.
+pub(crate) const COMPLETE_TASKS: &str = "select run_id, step_slug, task_index, outcome, status, attempts_count \
+     from pgflow.complete_tasks(run_ids => $1, step_slugs => $2, task_indexes => $3, outputs => $4, \
+     attempts => $5, worker_id => $6)";
+
+/// Records a failure, fenced → `(outcome, status, attempts_count)`; `status` is `queued` when it will be retried.
+pub(crate) const FAIL_TASK: &str = "select outcome, status, attempts_count from pgflow.fail_task(\
+     run_id => $1, step_slug => $2, task_index => $3, error_message => $4, attempt => $5, \
+     worker_id => $6, retry_delay_seconds => $7, terminal => $8)";
+
+/// Hands back what a stopping worker could not finish.
+pub(crate) const RELEASE_WORKER_TASKS: &str = "select pgflow.release_worker_tasks(worker_id => $1)";
+
+/// Marks the worker stopped.
+pub(crate) const MARK_WORKER_STOPPED: &str = "select pgflow.mark_worker_stopped(worker_id => $1)";
+
+/// One maintenance sweep (stalled and dead-worker recovery, retention), one caller at a time.
+pub(crate) const RUN_MAINTENANCE: &str = "select pgflow.run_maintenance(dead_after => $1, \
+     retain_for => $2, prune_batch => $3)";
+
+/// Starts a run → its id.
+pub(crate) const START_FLOW: &str =
+    "select run_id from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
+
+/// A run with its step states.
+pub(crate) const GET_RUN_WITH_STATES: &str = "select pgflow.get_run_with_states(run_id => $1)";
+
+/// The run's status and output, and the first failed step with its error (for waiting).
+pub(crate) const RUN_OUTCOME: &str = "select r.status, r.output, f.step_slug, f.error_message \
+     from pgflow.runs r \
+     left join lateral (select ss.step_slug, ss.error_message from pgflow.step_states ss \
+       where ss.run_id = r.run_id and ss.status = 'failed' order by ss.failed_at limit 1) f on true \
+     where r.run_id = $1";
+
+/// The input of a run (read lazily by `StepContext::flow_input`).
+pub(crate) const RUN_INPUT: &str = "select input from pgflow.runs where run_id = $1";
+
+/// The notification channel of a run.
+pub(crate) fn run_channel(run_id: uuid::Uuid) -> String {
+    format!("pgflow_run_{}", run_id.simple())
+}

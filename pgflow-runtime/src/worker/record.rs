@@ -1,0 +1,363 @@
+//! Recording results: outputs in batches (`pgflow.complete_tasks`), failures one by one (`pgflow.fail_task`),
+//! every one fenced to the attempt that produced it, retried through database errors, and bounded: each
+//! waiting result holds one of `max_unrecorded` permits, so claiming pauses while results pile up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::retry::{retry, transient, Backoff, GaveUp};
+use crate::statements;
+
+/// How long a result is retried through database errors before it is left to recovery (a database restart
+/// fits in it).
+const RECORD_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Which attempt of which task a result belongs to.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskKey {
+    pub(crate) run_id: Uuid,
+    pub(crate) flow_slug: String,
+    pub(crate) step_slug: String,
+    pub(crate) task_index: i32,
+    pub(crate) msg_id: i64,
+    pub(crate) attempt: i32,
+}
+
+/// What a task's handler produced.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Output(Value),
+    Failure {
+        message: String,
+        retry_after: Option<Duration>,
+        terminal: bool,
+    },
+}
+
+/// A result on its way to the database; holds its `max_unrecorded` permit until recorded or given up.
+pub(crate) struct TaskResult {
+    pub(crate) key: TaskKey,
+    pub(crate) outcome: Outcome,
+    pub(crate) _permit: OwnedSemaphorePermit,
+}
+
+/// Counters shared by the worker's parts.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) completed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) stale: AtomicU64,
+}
+
+/// Results not recorded yet, by message id (logged with their ids when shutdown gives up on them).
+pub(crate) type Pending = Arc<Mutex<HashMap<i64, TaskKey>>>;
+
+/// The recording side of a worker.
+pub(crate) struct Recorder {
+    pub(crate) pool: PgPool,
+    pub(crate) worker_id: Uuid,
+    pub(crate) batch: usize,
+    pub(crate) flushers: usize,
+    pub(crate) backoff_max: Duration,
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) pending: Pending,
+}
+
+impl Recorder {
+    /// Records results until every sender is gone and nothing is left. Each flush takes whatever is queued
+    /// (up to `batch` outputs), so under load batches grow by themselves; at most `flushers` run at once.
+    pub(crate) async fn run(self, mut rx: mpsc::UnboundedReceiver<TaskResult>) {
+        let this = Arc::new(self);
+        let slots = Arc::new(Semaphore::new(this.flushers));
+        let mut inflight = JoinSet::new();
+        let mut buf: Vec<TaskResult> = Vec::with_capacity(this.batch);
+        loop {
+            if rx.recv_many(&mut buf, this.batch).await == 0 {
+                break;
+            }
+            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                break;
+            };
+            while buf.len() < this.batch {
+                match rx.try_recv() {
+                    Ok(r) => buf.push(r),
+                    Err(_) => break,
+                }
+            }
+            let items = std::mem::replace(&mut buf, Vec::with_capacity(this.batch));
+            let this = Arc::clone(&this);
+            inflight.spawn(async move {
+                this.flush(items).await;
+                drop(permit);
+            });
+            while inflight.try_join_next().is_some() {}
+        }
+        while inflight.join_next().await.is_some() {}
+    }
+
+    async fn flush(&self, items: Vec<TaskResult>) {
+        let mut outputs = Vec::new();
+        let mut failures = Vec::new();
+        for item in items {
+            match item.outcome {
+                Outcome::Output(ref v) if contains_nul(v) => {
+                    let message = format!(
+                        "step `{}` of flow `{}` returned an output PostgreSQL cannot store: a string in it contains the NUL character (\\u0000); remove it or encode the data (for example as base64)",
+                        item.key.step_slug, item.key.flow_slug
+                    );
+                    failures.push(TaskResult {
+                        outcome: Outcome::Failure {
+                            message,
+                            retry_after: None,
+                            terminal: true,
+                        },
+                        ..item
+                    });
+                }
+                Outcome::Output(_) => outputs.push(item),
+                Outcome::Failure { .. } => failures.push(item),
+            }
+        }
+        if !outputs.is_empty() {
+            self.complete(outputs).await;
+            self.wake.notify_one();
+        }
+        for failure in failures {
+            self.fail(failure).await;
+        }
+    }
+
+    /// Records a batch of outputs. A batch the database refuses as a whole for a reason retrying cannot fix
+    /// (an output it cannot store) is recorded item by item, so one bad output fails only its own task.
+    async fn complete(&self, items: Vec<TaskResult>) {
+        match self.complete_batch(&items).await {
+            Ok(()) => self.done(items),
+            Err(GaveUp::Permanent(e)) if items.len() > 1 => {
+                tracing::warn!(error = %e, tasks = items.len(), "a batch of outputs was refused; recording them one by one");
+                for item in items {
+                    Box::pin(self.complete(vec![item])).await;
+                }
+            }
+            Err(GaveUp::Permanent(e)) => {
+                let item = items.into_iter().next().expect("one item");
+                let message = format!(
+                    "step `{}` of flow `{}` returned an output PostgreSQL cannot store: {}",
+                    item.key.step_slug,
+                    item.key.flow_slug,
+                    database_message(&e)
+                );
+                self.fail(TaskResult {
+                    outcome: Outcome::Failure {
+                        message,
+                        retry_after: None,
+                        terminal: true,
+                    },
+                    ..item
+                })
+                .await;
+            }
+            Err(GaveUp::Deadline(e)) => self.give_up(items, &e),
+        }
+    }
+
+    async fn complete_batch(&self, items: &[TaskResult]) -> Result<(), GaveUp<sqlx::Error>> {
+        let mut run_ids = Vec::with_capacity(items.len());
+        let mut steps = Vec::with_capacity(items.len());
+        let mut indexes = Vec::with_capacity(items.len());
+        let mut outputs = Vec::with_capacity(items.len());
+        let mut attempts = Vec::with_capacity(items.len());
+        for item in items {
+            run_ids.push(item.key.run_id);
+            steps.push(item.key.step_slug.as_str());
+            indexes.push(item.key.task_index);
+            if let Outcome::Output(v) = &item.outcome {
+                outputs.push(v);
+            }
+            attempts.push(item.key.attempt);
+        }
+        type Row = (Uuid, String, i32, String, String, i32);
+        let rows: Vec<Row> = self
+            .with_retries("recording outputs", || {
+                sqlx::query_as(statements::COMPLETE_TASKS)
+                    .bind(&run_ids)
+                    .bind(&steps)
+                    .bind(&indexes)
+                    .bind(&outputs)
+                    .bind(&attempts)
+                    .bind(self.worker_id)
+                    .fetch_all(&self.pool)
+            })
+            .await?;
+        for (run_id, step_slug, task_index, outcome, status, current) in rows {
+            if outcome == "applied" {
+                self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.stats.stale.fetch_add(1, Ordering::Relaxed);
+            let ours = items
+                .iter()
+                .find(|i| {
+                    i.key.run_id == run_id
+                        && i.key.step_slug == step_slug
+                        && i.key.task_index == task_index
+                })
+                .map(|i| i.key.attempt);
+            tracing::warn!(%run_id, step = %step_slug, task_index, attempt = ?ours, current_attempt = current,
+                status = %status, "stale output ignored: the task moved on to another attempt or finished");
+        }
+        Ok(())
+    }
+
+    /// Records one failure (fenced), retried through database errors.
+    async fn fail(&self, item: TaskResult) {
+        let Outcome::Failure {
+            message,
+            retry_after,
+            terminal,
+        } = &item.outcome
+        else {
+            return;
+        };
+        let message = storable(message);
+        let delay = retry_after.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
+        let key = &item.key;
+        let row: Result<Option<(String, String, i32)>, _> = self
+            .with_retries("recording a failure", || {
+                sqlx::query_as(statements::FAIL_TASK)
+                    .bind(key.run_id)
+                    .bind(&key.step_slug)
+                    .bind(key.task_index)
+                    .bind(&message)
+                    .bind(key.attempt)
+                    .bind(self.worker_id)
+                    .bind(delay)
+                    .bind(*terminal)
+                    .fetch_optional(&self.pool)
+            })
+            .await;
+        let span = tracing::info_span!("pgflow.task", flow = %key.flow_slug, step = %key.step_slug,
+            run_id = %key.run_id, task_index = key.task_index, msg_id = key.msg_id, attempt = key.attempt);
+        let _entered = span.enter();
+        match row {
+            Ok(Some((outcome, status, current))) if outcome == "applied" => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                if status == "queued" {
+                    tracing::warn!(error = %message, retry_in_s = ?delay, "task failed; it will be retried");
+                } else {
+                    tracing::error!(error = %message, terminal, attempt = current, "task failed for good");
+                }
+            }
+            Ok(Some((_, status, current))) => {
+                self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %message, current_attempt = current, status = %status,
+                    "stale failure ignored: the task moved on to another attempt or finished");
+            }
+            Ok(None) => {
+                tracing::warn!(error = %message, "failure of a task that no longer exists ignored")
+            }
+            Err(GaveUp::Deadline(e)) | Err(GaveUp::Permanent(e)) => {
+                drop(_entered);
+                self.give_up(vec![item], &e);
+                return;
+            }
+        }
+        drop(_entered);
+        self.done(vec![item]);
+    }
+
+    async fn with_retries<T, Fut>(
+        &self,
+        what: &'static str,
+        mut op: impl FnMut() -> Fut,
+    ) -> Result<T, GaveUp<sqlx::Error>>
+    where
+        Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+    {
+        retry(
+            Backoff::database(self.backoff_max),
+            Instant::now() + RECORD_PATIENCE,
+            transient,
+            |e, attempt, wait| {
+                tracing::warn!(error = %e, attempt, retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying")
+            },
+            &mut op,
+        )
+        .await
+    }
+
+    fn done(&self, items: Vec<TaskResult>) {
+        let mut pending = self.pending.lock().expect("pending lock");
+        for item in &items {
+            pending.remove(&item.key.msg_id);
+        }
+    }
+
+    fn give_up(&self, items: Vec<TaskResult>, e: &sqlx::Error) {
+        let ids: Vec<String> = items.iter().map(|i| describe(&i.key)).collect();
+        tracing::error!(error = %e, tasks = ?ids,
+            "cannot record these results; recovery will run the tasks again");
+        self.done(items);
+    }
+}
+
+/// `run/step/index (attempt n, message m)`, the id of an unrecorded result in logs.
+pub(crate) fn describe(key: &TaskKey) -> String {
+    format!(
+        "{}/{}/{} (attempt {}, message {})",
+        key.run_id, key.step_slug, key.task_index, key.attempt, key.msg_id
+    )
+}
+
+/// Whether a JSON value holds a NUL character anywhere (PostgreSQL's jsonb and text cannot store it).
+fn contains_nul(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(a) => a.iter().any(contains_nul),
+        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
+        _ => false,
+    }
+}
+
+/// An error message PostgreSQL can store: NUL characters become the visible escape `\u0000`.
+pub(crate) fn storable(message: &str) -> String {
+    if message.contains('\0') {
+        message.replace('\0', "\\u0000")
+    } else {
+        message.to_owned()
+    }
+}
+
+fn database_message(e: &sqlx::Error) -> String {
+    e.as_database_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_else(|| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn nul_characters_are_found_in_strings_and_keys_at_any_depth() {
+        assert!(!contains_nul(&json!({"a": ["b", 1, null]})));
+        assert!(contains_nul(&json!({"a": ["b\u{0}"]})));
+        assert!(contains_nul(&json!({"k\u{0}": 1})));
+    }
+
+    #[test]
+    fn error_messages_become_storable() {
+        assert_eq!(storable("a\0b"), "a\\u0000b");
+        assert_eq!(storable("fine"), "fine");
+    }
+}

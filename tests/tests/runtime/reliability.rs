@@ -1,0 +1,385 @@
+//! Reliability of the worker: stale results from an earlier attempt are ignored, outputs PostgreSQL cannot
+//! store fail only their own task, claiming pauses while results cannot be recorded, shutdown is bounded and
+//! hands back a claim that was in flight, and real roles with the documented grants run a flow.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use pgflow_runtime::{flow, Client, StepContext, StepError, WaitError};
+use serde_json::json;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::support::{self, LIMIT};
+
+/// Makes the run's started task look stalled and lets recovery requeue it (as if its worker had been cut
+/// off for longer than the step timeout plus the stall buffer).
+async fn requeue_as_stalled(pool: &PgPool, run: Uuid) {
+    pool.execute(
+        format!(
+            "update pgflow.step_tasks set queued_at = now() - interval '2 hours',
+               started_at = now() - interval '1 hour' where run_id = '{run}' and status = 'started'"
+        )
+        .as_str(),
+    )
+    .await
+    .unwrap();
+    let n: i32 = sqlx::query_scalar("select pgflow.requeue_stalled_tasks()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+static LATE_OUTPUT_GATE: LazyLock<Notify> = LazyLock::new(Notify::new);
+
+#[flow(slug = "lateOutputFlow", input = i64, max_attempts = 3, timeout = 60)]
+mod late_output {
+    use super::*;
+
+    /// Attempt 1 waits for the test, then returns; later attempts return at once.
+    #[step]
+    async fn work(_n: i64, ctx: &StepContext<LateOutput>) -> Result<String, StepError> {
+        if ctx.attempt() == 1 {
+            LATE_OUTPUT_GATE.notified().await;
+        }
+        Ok(format!("attempt {}", ctx.attempt()))
+    }
+}
+
+#[tokio::test]
+async fn a_late_output_of_an_earlier_attempt_is_ignored_as_stale() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<late_output::LateOutput>(pool).await;
+    let run = Client::new(pool.clone())
+        .start::<late_output::LateOutput>(&1)
+        .await
+        .unwrap();
+    pgflow_tests::wait_until(LIMIT, "attempt 1 to start", || async {
+        support::task(pool, run.run_id(), "work", 0).await.0 == "started"
+    })
+    .await;
+    requeue_as_stalled(pool, run.run_id()).await;
+    // Attempt 2 runs and completes the run while attempt 1 still holds its handler.
+    let out = run.wait(LIMIT).await.unwrap();
+    assert_eq!(out.work, "attempt 2");
+
+    LATE_OUTPUT_GATE.notify_one();
+    let report = worker.stop().await;
+    assert_eq!((report.completed, report.stale), (1, 1));
+    assert_eq!(
+        support::run_output(pool, run.run_id()).await,
+        Some(json!({"work": "attempt 2"}))
+    );
+    assert_eq!(support::task(pool, run.run_id(), "work", 0).await.1, 2);
+}
+
+static LATE_FAILURE_GATE: LazyLock<Notify> = LazyLock::new(Notify::new);
+
+#[flow(slug = "lateFailureFlow", input = i64, max_attempts = 2, timeout = 60)]
+mod late_failure {
+    use super::*;
+
+    /// Attempt 1 waits for the test, then fails; later attempts succeed.
+    #[step]
+    async fn work(_n: i64, ctx: &StepContext<LateFailure>) -> Result<String, StepError> {
+        if ctx.attempt() == 1 {
+            LATE_FAILURE_GATE.notified().await;
+            return Err(StepError::terminal("attempt 1 gave up"));
+        }
+        Ok(format!("attempt {}", ctx.attempt()))
+    }
+}
+
+#[tokio::test]
+async fn a_late_failure_of_an_earlier_attempt_does_not_fail_the_run() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<late_failure::LateFailure>(pool).await;
+    let run = Client::new(pool.clone())
+        .start::<late_failure::LateFailure>(&1)
+        .await
+        .unwrap();
+    pgflow_tests::wait_until(LIMIT, "attempt 1 to start", || async {
+        support::task(pool, run.run_id(), "work", 0).await.0 == "started"
+    })
+    .await;
+    requeue_as_stalled(pool, run.run_id()).await;
+    assert_eq!(run.wait(LIMIT).await.unwrap().work, "attempt 2");
+
+    LATE_FAILURE_GATE.notify_one();
+    let report = worker.stop().await;
+    assert_eq!((report.completed, report.failed, report.stale), (1, 0, 1));
+    assert_eq!(support::run_status(pool, run.run_id()).await, "completed");
+}
+
+#[flow(slug = "echoFlow", input = String)]
+mod echo {
+    use super::*;
+
+    /// Returns its input; `nul` returns a string with a NUL character, `err` fails with one.
+    #[step]
+    async fn echo(s: String) -> Result<String, StepError> {
+        match s.as_str() {
+            "nul" => Ok("nul \0 here".to_owned()),
+            "err" => Err(StepError::terminal("bad \0 message")),
+            _ => Ok(s),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_output_postgresql_cannot_store_fails_only_its_own_task_and_error_messages_are_storable()
+{
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    // Start everything first, so one claim batch (and one completion batch) carries all of it.
+    support::compile::<echo::Echo>(pool).await;
+    let bad = client.start::<echo::Echo>(&"nul".into()).await.unwrap();
+    let mut good = Vec::new();
+    for i in 0..5 {
+        good.push(
+            client
+                .start::<echo::Echo>(&format!("fine {i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let failing = client.start::<echo::Echo>(&"err".into()).await.unwrap();
+    let started = Instant::now();
+    let worker = support::spawn::<echo::Echo>(pool).await;
+
+    for (i, run) in good.iter().enumerate() {
+        assert_eq!(run.wait(LIMIT).await.unwrap().echo, format!("fine {i}"));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "good outputs must not wait for the bad one"
+    );
+    let Err(WaitError::Failed {
+        failed_step,
+        error_message,
+        ..
+    }) = bad.wait(LIMIT).await
+    else {
+        panic!("the run with the unstorable output fails");
+    };
+    assert_eq!(failed_step.as_deref(), Some("echo"));
+    let message = error_message.unwrap();
+    assert!(
+        message.contains("step `echo` of flow `echoFlow`") && message.contains("NUL"),
+        "{message}"
+    );
+    assert_eq!(
+        support::task(pool, bad.run_id(), "echo", 0).await.1,
+        1,
+        "terminal: no retry"
+    );
+    let Err(WaitError::Failed { error_message, .. }) = failing.wait(LIMIT).await else {
+        panic!("the failing run fails");
+    };
+    assert_eq!(error_message.as_deref(), Some("bad \\u0000 message"));
+    worker.stop().await;
+}
+
+#[flow(slug = "quickFlow", input = i64)]
+mod quick {
+    use super::*;
+
+    #[step]
+    async fn quick(n: i64) -> Result<i64, StepError> {
+        Ok(n)
+    }
+}
+
+/// Statuses of the quick runs' tasks: (started, queued, completed).
+async fn quick_counts(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "select count(*) filter (where status = 'started'), count(*) filter (where status = 'queued'),
+                count(*) filter (where status = 'completed')
+         from pgflow.step_tasks where flow_slug = 'quickFlow'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn claiming_pauses_while_results_wait_to_be_recorded_and_shutdown_stays_bounded() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    support::compile::<quick::Quick>(pool).await;
+    let mut runs = Vec::new();
+    for i in 0..10 {
+        runs.push(client.start::<quick::Quick>(&i).await.unwrap());
+    }
+    // A slow database for results: every run row is locked, so no completion can be recorded.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("select 1 from pgflow.runs for update")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+
+    let worker = support::spawn_with(
+        support::fast(pgflow_runtime::Worker::<quick::Quick>::builder(
+            pool.clone(),
+        ))
+        .max_concurrent(10)
+        .max_unrecorded(3)
+        .shutdown_grace(Duration::from_secs(1))
+        .cancel_grace(Duration::from_millis(200)),
+    )
+    .await;
+    pgflow_tests::wait_until(LIMIT, "three tasks to be claimed", || async {
+        quick_counts(pool).await.0 == 3
+    })
+    .await;
+    // With three results unrecorded, the worker claims nothing more.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(500) {
+        assert_eq!(quick_counts(pool).await, (3, 7, 0));
+        tokio::task::yield_now().await;
+    }
+
+    // Shutdown does not wait for the database without limit: past the grace the results are left to recovery.
+    let stopping = Instant::now();
+    let report = worker.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(15),
+        "stopped after {:?}",
+        stopping.elapsed()
+    );
+    assert_eq!(report.completed, 0);
+    blocker.rollback().await.unwrap();
+
+    // Another worker finishes every run.
+    let rescuer = support::spawn::<quick::Quick>(pool).await;
+    for (i, run) in runs.iter().enumerate() {
+        assert_eq!(run.wait(LIMIT).await.unwrap().quick, i as i64);
+    }
+    rescuer.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_in_flight_during_shutdown_is_handed_back() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    support::compile::<quick::Quick>(pool).await;
+    let run = client.start::<quick::Quick>(&7).await.unwrap();
+    // The claim will wait on the task row.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("select 1 from pgflow.step_tasks for update")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let worker = support::spawn::<quick::Quick>(pool).await;
+    pgflow_tests::wait_until(LIMIT, "the claim to wait for the task row", || async {
+        sqlx::query_scalar::<_, bool>(
+            "select exists (select 1 from pg_stat_activity where datname = current_database()
+               and wait_event_type = 'Lock' and query like '%read_and_claim_tasks%')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    })
+    .await;
+    let stopping = tokio::spawn(worker.stop());
+    blocker.commit().await.unwrap();
+    let report = stopping.await.unwrap();
+    assert_eq!(
+        report.released, 1,
+        "the task claimed while stopping is handed back"
+    );
+    assert_eq!(
+        support::task(pool, run.run_id(), "quick", 0).await,
+        ("queued".into(), 0, None)
+    );
+    let rescuer = support::spawn::<quick::Quick>(pool).await;
+    assert_eq!(run.wait(LIMIT).await.unwrap().quick, 7);
+    rescuer.stop().await;
+}
+
+/// A login role of its own (roles are cluster-wide, so the name is random), dropped at the end.
+async fn role(pool: &PgPool, what: &str) -> String {
+    let name = format!("pgflow_rt_{what}_{:08x}", Uuid::new_v4().as_u128() as u32);
+    pool.execute(format!("create role {name} login password '{name}'").as_str())
+        .await
+        .unwrap();
+    name
+}
+
+async fn pool_as(db: &pgflow_tests::TestDb, role: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(8)
+        .connect_with(db.options().username(role).password(role))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_worker_role_and_a_client_role_with_the_documented_grants_run_a_flow_end_to_end() {
+    let db = pgflow_tests::test_db().await;
+    let owner = db.pool();
+    let worker_role = role(owner, "worker").await;
+    let client_role = role(owner, "client").await;
+    let nobody_role = role(owner, "nobody").await;
+    sqlx::query("select pgflow.grant_worker_privileges($1)")
+        .bind(&worker_role)
+        .execute(owner)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.grant_client_privileges($1)")
+        .bind(&client_role)
+        .execute(owner)
+        .await
+        .unwrap();
+    owner
+        .execute(format!("grant usage on schema pgflow to {nobody_role}").as_str())
+        .await
+        .unwrap();
+
+    let worker_pool = pool_as(&db, &worker_role).await;
+    let client_pool = pool_as(&db, &client_role).await;
+    let nobody_pool = pool_as(&db, &nobody_role).await;
+    let worker = support::spawn::<quick::Quick>(&worker_pool).await;
+    let run = Client::new(client_pool.clone())
+        .start::<quick::Quick>(&41)
+        .await
+        .unwrap();
+    assert_eq!(run.wait(LIMIT).await.unwrap().quick, 41);
+    let state = Client::new(client_pool.clone())
+        .run(run.run_id())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(state.steps.len(), 1);
+    let refused = Client::new(nobody_pool.clone())
+        .start::<quick::Quick>(&1)
+        .await
+        .unwrap_err();
+    let code = match &refused {
+        pgflow_runtime::ClientError::Database(e) => e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .map(|c| c.into_owned()),
+        _ => None,
+    };
+    assert_eq!(code.as_deref(), Some("42501"), "{refused}");
+    worker.stop().await;
+
+    for pool in [worker_pool, client_pool, nobody_pool] {
+        pool.close().await;
+    }
+    for name in [worker_role, client_role, nobody_role] {
+        owner
+            .execute(format!("drop owned by {name}; drop role {name}").as_str())
+            .await
+            .unwrap();
+    }
+}
