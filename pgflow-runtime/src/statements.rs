@@ -13,9 +13,9 @@ pub(crate) const FLOW_ROUTES: &str =
     "select step_slug, queue_name from pgflow.flow_routes(flow_slug => $1) \
      order by step_index";
 
-/// Registers this worker with its exact subscription → `{enabled, disabled_reason, ...}`.
+/// Registers this worker for its queue and the exact (flow, step) pairs it runs → `{enabled, ...}`.
 pub(crate) const REGISTER_WORKER: &str = "select pgflow.register_worker(worker_id => $1, \
-     function_name => $2, queue_name => $3, flow_slug => $4, step_slug => $5)";
+     function_name => $2, queue_name => $3, flow_slugs => $4, step_slugs => $5)";
 
 /// Disables a worker function persistently, with the reason (until an operator enables it again).
 pub(crate) const DISABLE_WORKER_FUNCTION: &str =
@@ -28,10 +28,12 @@ pub(crate) const HEARTBEAT: &str = "select pgflow.worker_heartbeat(worker_id => 
 pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_tasks \
      from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
 
-/// Read and classifying claim for one exact subscription (a step, or every step of a plain flow), in one round trip.
+/// Read and classifying claim for the worker's (flow, step) pairs on its queue, in one round trip → rows.
 pub(crate) const READ_AND_CLAIM_TASKS: &str =
-    "select pgflow.read_and_claim_tasks(queue_name => $1, \
-     flow_slug => $2, step_slug => $3, qty => $4, vt => $5, worker_id => $6)";
+    "select outcome, msg_id, flow_slug, run_id, step_slug, \
+     task_index, input, flow_input, attempts_count, timeout, report \
+     from pgflow.read_and_claim_tasks(queue_name => $1, qty => $2, vt => $3, worker_id => $4, \
+     flow_slugs => $5, step_slugs => $6)";
 
 /// Records a batch of outputs, fenced to each task's attempt and this worker → one outcome row per task.
 pub(crate) const COMPLETE_TASKS: &str = "select run_id, step_slug, task_index, outcome, status, attempts_count \

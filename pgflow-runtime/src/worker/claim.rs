@@ -1,4 +1,4 @@
-//! Claiming: one round trip reads messages and claims their tasks; the result is decoded into types.
+//! Claiming: one round trip reads messages and claims their tasks; the rows are decoded into types.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -8,19 +8,16 @@ use uuid::Uuid;
 use crate::statements;
 
 /// One claimed task, ready to run.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct Claimed {
     pub(crate) flow_slug: String,
     pub(crate) run_id: Uuid,
     pub(crate) step_slug: String,
     pub(crate) task_index: i32,
     pub(crate) msg_id: i64,
-    #[serde(default)]
     pub(crate) input: Value,
-    #[serde(default)]
     pub(crate) flow_input: Option<Value>,
     /// The attempt this claim started; every result of it carries this number (the fence).
-    #[serde(rename = "attempts_count")]
     pub(crate) attempt: i32,
     /// The step's effective timeout in seconds, from the database at claim time.
     pub(crate) timeout: i64,
@@ -46,17 +43,15 @@ pub(crate) struct Disabled {
     pub(crate) reason: Option<String>,
 }
 
-/// What one claim call found. Decoding fails on an outcome this build does not know: an unknown outcome is
-/// never taken for "claimed".
-#[derive(Debug, Deserialize)]
-#[serde(tag = "outcome", rename_all = "lowercase")]
+/// What one claim call found.
+#[derive(Debug)]
 pub(crate) enum ClaimOutcome {
     /// Tasks claimed (possibly none); duplicates were deferred and finished tasks' messages archived.
-    Claimed { tasks: Vec<Claimed> },
+    Claimed(Vec<Claimed>),
     /// The batch holds messages this worker must not run; nothing was claimed and the batch is visible again.
-    Unsupported { unsupported: Unsupported },
+    Unsupported(Unsupported),
     /// The worker function is disabled: nothing was claimed.
-    Disabled { disabled: Disabled },
+    Disabled(Disabled),
 }
 
 /// Why a claim call failed.
@@ -65,15 +60,81 @@ pub(crate) enum ClaimError {
     #[error(transparent)]
     Database(#[from] sqlx::Error),
     #[error("cannot decode the claim result: {0}")]
-    Decode(#[from] serde_json::Error),
+    Decode(String),
 }
 
-/// The claim of one worker: its queue and subscription, worker id and read visibility.
+/// One row of `pgflow.read_and_claim_tasks`.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ClaimRow {
+    outcome: String,
+    msg_id: Option<i64>,
+    flow_slug: Option<String>,
+    run_id: Option<Uuid>,
+    step_slug: Option<String>,
+    task_index: Option<i32>,
+    input: Option<Value>,
+    flow_input: Option<Value>,
+    attempts_count: Option<i32>,
+    timeout: Option<i32>,
+    report: Option<Value>,
+}
+
+impl ClaimOutcome {
+    /// Decodes the claim's rows. An outcome this build does not know, or a row missing a field its outcome
+    /// needs, is an error: it is never taken for "claimed".
+    pub(crate) fn from_rows(rows: Vec<ClaimRow>) -> Result<Self, ClaimError> {
+        let mut tasks = Vec::new();
+        for row in rows {
+            match row.outcome.as_str() {
+                "claimed" => tasks.push(claimed(row)?),
+                "deferred" | "archived" | "waiting" => {}
+                "unsupported" => {
+                    let report = row.report.ok_or_else(|| missing("unsupported", "report"))?;
+                    return serde_json::from_value(report)
+                        .map(ClaimOutcome::Unsupported)
+                        .map_err(|e| ClaimError::Decode(e.to_string()));
+                }
+                "disabled" => {
+                    let report = row.report.ok_or_else(|| missing("disabled", "report"))?;
+                    return serde_json::from_value(report)
+                        .map(ClaimOutcome::Disabled)
+                        .map_err(|e| ClaimError::Decode(e.to_string()));
+                }
+                other => {
+                    return Err(ClaimError::Decode(format!(
+                        "unknown claim outcome `{other}`"
+                    )));
+                }
+            }
+        }
+        Ok(ClaimOutcome::Claimed(tasks))
+    }
+}
+
+fn missing(outcome: &str, field: &str) -> ClaimError {
+    ClaimError::Decode(format!("a `{outcome}` row without `{field}`"))
+}
+
+fn claimed(row: ClaimRow) -> Result<Claimed, ClaimError> {
+    let need = |field: &str| missing("claimed", field);
+    Ok(Claimed {
+        flow_slug: row.flow_slug.ok_or_else(|| need("flow_slug"))?,
+        run_id: row.run_id.ok_or_else(|| need("run_id"))?,
+        step_slug: row.step_slug.ok_or_else(|| need("step_slug"))?,
+        task_index: row.task_index.ok_or_else(|| need("task_index"))?,
+        msg_id: row.msg_id.ok_or_else(|| need("msg_id"))?,
+        input: row.input.unwrap_or(Value::Null),
+        flow_input: row.flow_input,
+        attempt: row.attempts_count.ok_or_else(|| need("attempts_count"))?,
+        timeout: i64::from(row.timeout.ok_or_else(|| need("timeout"))?),
+    })
+}
+
+/// The claim of one worker: its queue and the exact (flow, step) pairs it runs there.
 pub(crate) struct Claimer {
     pub(crate) queue: String,
-    pub(crate) flow_slug: &'static str,
-    /// `None` for a plain worker (every step of the flow); the step slug for a step worker.
-    pub(crate) step_slug: Option<&'static str>,
+    pub(crate) flow_slugs: Vec<&'static str>,
+    pub(crate) step_slugs: Vec<&'static str>,
     pub(crate) read_visibility_secs: i32,
     pub(crate) worker_id: Uuid,
 }
@@ -85,16 +146,16 @@ impl Claimer {
         pool: &PgPool,
         qty: usize,
     ) -> Result<ClaimOutcome, ClaimError> {
-        let raw: Value = sqlx::query_scalar(statements::READ_AND_CLAIM_TASKS)
+        let rows: Vec<ClaimRow> = sqlx::query_as(statements::READ_AND_CLAIM_TASKS)
             .bind(&self.queue)
-            .bind(self.flow_slug)
-            .bind(self.step_slug)
             .bind(i32::try_from(qty).unwrap_or(i32::MAX))
             .bind(self.read_visibility_secs)
             .bind(self.worker_id)
-            .fetch_one(pool)
+            .bind(&self.flow_slugs)
+            .bind(&self.step_slugs)
+            .fetch_all(pool)
             .await?;
-        Ok(serde_json::from_value(raw)?)
+        ClaimOutcome::from_rows(rows)
     }
 }
 
@@ -103,43 +164,83 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn row(outcome: &str) -> ClaimRow {
+        ClaimRow {
+            outcome: outcome.to_owned(),
+            msg_id: None,
+            flow_slug: None,
+            run_id: None,
+            step_slug: None,
+            task_index: None,
+            input: None,
+            flow_input: None,
+            attempts_count: None,
+            timeout: None,
+            report: None,
+        }
+    }
+
     #[test]
-    fn claimed_tasks_decode_with_attempt_and_timeout() {
-        let outcome: ClaimOutcome = serde_json::from_value(json!({
-            "outcome": "claimed",
-            "tasks": [{"flow_slug": "f", "run_id": Uuid::nil(), "step_slug": "a", "task_index": 0,
-                       "msg_id": 7, "input": {}, "flow_input": {"x": 1}, "attempts_count": 2, "timeout": 30}],
-            "deferred": [], "archived": [], "waiting": [], "unsupported": null, "disabled": null
-        }))
-        .unwrap();
-        let ClaimOutcome::Claimed { tasks } = outcome else {
+    fn claimed_rows_decode_with_attempt_and_timeout_and_other_rows_are_skipped() {
+        let claimed = ClaimRow {
+            msg_id: Some(7),
+            flow_slug: Some("f".into()),
+            run_id: Some(Uuid::nil()),
+            step_slug: Some("a".into()),
+            task_index: Some(0),
+            input: Some(json!({})),
+            flow_input: Some(json!({"x": 1})),
+            attempts_count: Some(2),
+            timeout: Some(30),
+            ..row("claimed")
+        };
+        let deferred = ClaimRow {
+            msg_id: Some(8),
+            ..row("deferred")
+        };
+        let ClaimOutcome::Claimed(tasks) =
+            ClaimOutcome::from_rows(vec![claimed, deferred]).unwrap()
+        else {
             panic!("claimed")
         };
+        assert_eq!(tasks.len(), 1);
         assert_eq!((tasks[0].attempt, tasks[0].timeout), (2, 30));
     }
 
     #[test]
-    fn an_unknown_outcome_is_an_error_not_a_claim() {
-        let err = serde_json::from_value::<ClaimOutcome>(json!({"outcome": "maybe", "tasks": []}));
-        assert!(err.is_err());
+    fn an_unknown_outcome_or_a_claimed_row_without_its_attempt_is_an_error_not_a_claim() {
+        assert!(ClaimOutcome::from_rows(vec![row("maybe")]).is_err());
+        let incomplete = ClaimRow {
+            msg_id: Some(1),
+            flow_slug: Some("f".into()),
+            run_id: Some(Uuid::nil()),
+            step_slug: Some("a".into()),
+            task_index: Some(0),
+            timeout: Some(30),
+            ..row("claimed")
+        };
+        assert!(ClaimOutcome::from_rows(vec![incomplete]).is_err());
     }
 
     #[test]
     fn unsupported_and_disabled_carry_their_reports() {
-        let u: ClaimOutcome = serde_json::from_value(json!({
-            "outcome": "unsupported", "tasks": [],
-            "unsupported": {"msg_ids": [1, 2], "flows": ["x"], "steps": ["y"], "queue_name": "q"}
-        }))
-        .unwrap();
-        assert!(
-            matches!(u, ClaimOutcome::Unsupported { unsupported } if unsupported.msg_ids == [1, 2])
-        );
-        let d: ClaimOutcome = serde_json::from_value(json!({
-            "outcome": "disabled", "disabled": {"function_name": "f", "reason": "deploy", "disabled_at": null}
-        }))
-        .unwrap();
-        assert!(
-            matches!(d, ClaimOutcome::Disabled { disabled } if disabled.reason.as_deref() == Some("deploy"))
-        );
+        let u = ClaimRow {
+            report: Some(
+                json!({"msg_ids": [1, 2], "flows": ["x"], "steps": ["y"], "queue_name": "q"}),
+            ),
+            ..row("unsupported")
+        };
+        assert!(matches!(
+            ClaimOutcome::from_rows(vec![u]).unwrap(),
+            ClaimOutcome::Unsupported(u) if u.msg_ids == [1, 2]
+        ));
+        let d = ClaimRow {
+            report: Some(json!({"function_name": "f", "reason": "deploy", "disabled_at": null})),
+            ..row("disabled")
+        };
+        assert!(matches!(
+            ClaimOutcome::from_rows(vec![d]).unwrap(),
+            ClaimOutcome::Disabled(d) if d.reason.as_deref() == Some("deploy")
+        ));
     }
 }

@@ -139,17 +139,15 @@ pub(crate) fn routing_or_database(
 
 /// A read batch that a worker must not run (see [`WorkerError::Unsupported`]). No bodies.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("queue `{queue}` returned messages {msg_ids:?} that are not all tasks of flow `{flow_slug}` step `{step_slug}` (unsupported messages name flows {message_flows:?}, steps {message_steps:?}); claimed none, disabled worker function `{function_name}` and stopped")]
+#[error("queue `{queue}` returned messages {msg_ids:?} that are not all tasks this worker runs ({}) (unsupported messages name flows {message_flows:?}, steps {message_steps:?}); claimed none, disabled worker function `{function_name}` and stopped", supported.iter().map(|(f, s)| format!("{f}/{s}")).collect::<Vec<_>>().join(", "))]
 #[non_exhaustive]
 pub struct UnsupportedBatch {
     /// The queue.
     pub queue: String,
     /// The message ids of the batch (all visible again).
     pub msg_ids: Vec<i64>,
-    /// The worker's flow.
-    pub flow_slug: String,
-    /// The worker's step.
-    pub step_slug: String,
+    /// The (flow, step) pairs the worker runs from the queue.
+    pub supported: Vec<(String, String)>,
     /// The disabled worker function.
     pub function_name: String,
     /// Flows named by the unsupported messages (from their tasks, or else their bodies).

@@ -118,11 +118,11 @@ pub(crate) async fn serve(
         results: tx,
         pending: Arc::clone(&pending),
     });
-    let (flow_slug, step_slug) = subscription.claim_scope();
+    let (flow_slugs, step_slugs) = subscription.pairs();
     let claimer = Claimer {
         queue: subscription.queue.clone(),
-        flow_slug,
-        step_slug,
+        flow_slugs,
+        step_slugs,
         read_visibility_secs: i32::try_from(config.read_visibility.as_secs())
             .unwrap_or(i32::MAX)
             .max(1),
@@ -254,15 +254,15 @@ async fn claim_loop(
         // A claim in flight is never abandoned: it finishes (it never sleeps), and what it claimed either
         // runs or is handed back at shutdown by release_worker_tasks.
         let claimed = match claimer.claim(pool, qty).await {
-            Ok(ClaimOutcome::Claimed { tasks }) => {
+            Ok(ClaimOutcome::Claimed(tasks)) => {
                 errors.reset();
                 tasks
             }
-            Ok(ClaimOutcome::Unsupported { unsupported }) => {
+            Ok(ClaimOutcome::Unsupported(unsupported)) => {
                 stop.cancel();
                 return Some(Fatal(unsupported));
             }
-            Ok(ClaimOutcome::Disabled { disabled }) => {
+            Ok(ClaimOutcome::Disabled(disabled)) => {
                 tracing::warn!(worker_id = %claimer.worker_id, reason = ?disabled.reason,
                     "worker function disabled: no more claims, draining");
                 reason
@@ -410,8 +410,12 @@ async fn unsupported(
     let err = WorkerError::Unsupported(Box::new(UnsupportedBatch {
         queue: claimer.queue.clone(),
         msg_ids: u.msg_ids,
-        flow_slug: claimer.flow_slug.to_owned(),
-        step_slug: claimer.step_slug.unwrap_or("*").to_owned(),
+        supported: claimer
+            .flow_slugs
+            .iter()
+            .zip(&claimer.step_slugs)
+            .map(|(f, s)| ((*f).to_owned(), (*s).to_owned()))
+            .collect(),
         function_name: function_name.to_owned(),
         message_flows: u.flows,
         message_steps: u.steps,

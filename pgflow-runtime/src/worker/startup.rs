@@ -34,16 +34,22 @@ pub(crate) async fn prepare(
         .worker_name
         .clone()
         .unwrap_or_else(|| subscription.queue.clone());
-    let (flow_slug, step_slug) = subscription.claim_scope();
+    let (flow_slugs, step_slugs) = subscription.pairs();
     let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
         .bind(&function_name)
         .bind(&subscription.queue)
-        .bind(flow_slug)
-        .bind(step_slug)
+        .bind(&flow_slugs)
+        .bind(&step_slugs)
         .fetch_one(pool)
         .await
-        .map_err(|e| routing_or_database(flow_slug, "registering the worker", e))?;
+        .map_err(|e| {
+            routing_or_database(
+                flow_slugs.first().copied().unwrap_or_default(),
+                "registering the worker",
+                e,
+            )
+        })?;
     if state["enabled"] == Value::Bool(false) {
         // Registered but fenced: record it as stopped at once, so monitoring does not count it.
         sqlx::query(statements::MARK_WORKER_STOPPED)

@@ -150,10 +150,20 @@ impl Subscription {
         self.flows.iter().find(|f| f.slug == flow_slug)
     }
 
-    /// The flow and step this subscription claims for (the claim function's arguments).
-    pub(crate) fn claim_scope(&self) -> (&'static str, Option<&'static str>) {
-        let entry = &self.flows[0];
-        (entry.slug, entry.served_step)
+    /// The exact (flow, step) pairs this worker runs from its queue, as the claim and registration take them:
+    /// every step of a plain worker's flow, or a step worker's one step.
+    pub(crate) fn pairs(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let mut flows = Vec::new();
+        let mut steps = Vec::new();
+        for f in &self.flows {
+            for step in &f.steps {
+                if f.served_step.is_none_or(|s| s == *step) {
+                    flows.push(f.slug);
+                    steps.push(*step);
+                }
+            }
+        }
+        (flows, steps)
     }
 
     /// `"flow"` or `"flow/step"` for logs.

@@ -183,16 +183,15 @@ async fn an_unsupported_message_stops_the_step_worker_without_mutation_and_fence
     let UnsupportedBatch {
         queue,
         msg_ids,
-        flow_slug,
-        step_slug,
+        supported,
         function_name,
         ..
     } = &**batch;
     assert_eq!(queue, "communityv1__classify");
     assert!(msg_ids.contains(&foreign), "{msg_ids:?}");
     assert_eq!(
-        (flow_slug.as_str(), step_slug.as_str()),
-        ("communityV1", "classify")
+        supported,
+        &[("communityV1".to_owned(), "classify".to_owned())]
     );
     assert_eq!(function_name, "communityv1__classify");
     assert!(
@@ -271,21 +270,22 @@ async fn a_visible_message_of_a_started_task_never_stops_a_healthy_step_worker()
     let other = uuid::Uuid::new_v4();
     sqlx::query(
         "select pgflow.register_worker(worker_id => $1, function_name => 'elsewhere', \
-         queue_name => 'communityv1__classify', flow_slug => 'communityV1', step_slug => 'classify')",
+         queue_name => 'communityv1__classify', flow_slugs => array['communityV1'], \
+         step_slugs => array['classify'])",
     )
     .bind(other)
     .execute(pool)
     .await
     .unwrap();
-    let claimed: serde_json::Value = sqlx::query_scalar(
-        "select pgflow.read_and_claim_tasks(queue_name => 'communityv1__classify', flow_slug => 'communityV1', \
-         step_slug => 'classify', qty => 10, vt => 5, worker_id => $1)",
+    let claimed: Vec<String> = sqlx::query_scalar(
+        "select outcome from pgflow.read_and_claim_tasks(queue_name => 'communityv1__classify', qty => 10, \
+         vt => 5, worker_id => $1, flow_slugs => array['communityV1'], step_slugs => array['classify'])",
     )
     .bind(other)
-    .fetch_one(pool)
+    .fetch_all(pool)
     .await
     .unwrap();
-    assert_eq!(claimed["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(claimed, ["claimed"]);
     sqlx::query("update pgmq.q_communityv1__classify set vt = clock_timestamp()")
         .execute(pool)
         .await

@@ -193,8 +193,7 @@ async fn an_unsupported_message_leaves_the_whole_batch_untouched_and_visible_and
     assert!(result["tasks"].as_array().unwrap().is_empty());
     let report = &result["unsupported"];
     assert_eq!(report["queue_name"], Q);
-    assert_eq!(report["flow_slug"], "comm");
-    assert_eq!(report["step_slug"], "classify");
+    assert_eq!(report["supported"], json!([["comm", "classify"]]));
     assert_eq!(ids(&report["msg_ids"]), msgs);
     assert_eq!(ids(&report["unsupported_msg_ids"]), [foreign]);
     assert_eq!(report["flows"], json!(["other"]));
@@ -334,7 +333,7 @@ async fn plain_flows_use_a_subscription_covering_every_step_of_their_queue() {
     compile(pool, "plain", &roots(&["a", "b"]), "flow").await;
     let worker = Uuid::new_v4();
     let state = register(pool, worker, "plain-fn", "plain", "plain", None).await;
-    assert_eq!(state["queue_mode"], "flow");
+    assert_eq!(state["pairs"], json!([["plain", "a"], ["plain", "b"]]));
     let run = start(pool, "plain", json!({})).await;
     let msgs = read(pool, "plain", 10).await;
     let result = claim_tasks(pool, "plain", "plain", None, &msgs, worker).await;
@@ -375,7 +374,7 @@ async fn registration_rejects_a_subscription_that_does_not_match_the_persisted_r
     assert_eq!(e.code, "PF020");
     assert_eq!(
         e.detail.as_deref(),
-        Some("The persisted route of the subscription is the queue \"comm__classify\".")
+        Some("The persisted route of the step is the queue \"comm__classify\".")
     );
     let e = db_error(
         try_register(pool, w, "f", Q, "comm", None)
@@ -389,15 +388,16 @@ async fn registration_rejects_a_subscription_that_does_not_match_the_persisted_r
             .unwrap_err(),
     );
     assert_eq!(e.code, "PF020");
-    let (flow, step, queue): (Option<String>, Option<String>, String) = sqlx::query_as(
-        "select flow_slug, step_slug, queue_name from pgflow.workers where function_name = 'comm-classify'",
+    let (flow, step, queue): (String, String, String) = sqlx::query_as(
+        "select r.flow_slug, r.step_slug, w.queue_name from pgflow.workers w
+         join pgflow.worker_routes r on r.worker_id = w.worker_id where w.function_name = 'comm-classify'",
     )
     .fetch_one(pool)
     .await
     .unwrap();
     assert_eq!(
-        (flow.as_deref(), step.as_deref(), queue.as_str()),
-        (Some("comm"), Some("classify"), Q)
+        (flow.as_str(), step.as_str(), queue.as_str()),
+        ("comm", "classify", Q)
     );
 }
 
@@ -491,15 +491,18 @@ async fn overlapping_claims_of_one_message_return_the_task_exactly_once() {
 
     // The first claim holds its transaction open; the second blocks on the task row, then defers it.
     let mut first = pool.begin().await.unwrap();
-    let claimed: Value = sqlx::query_scalar(
-        "select pgflow.claim_tasks(queue_name => $1, flow_slug => 'comm', step_slug => 'classify', msg_ids => $2, worker_id => $3)",
-    )
-    .bind(Q)
-    .bind(&msgs)
-    .bind(worker)
-    .fetch_one(&mut *first)
-    .await
-    .unwrap();
+    let claimed = claim_json(
+        sqlx::query(
+            "select * from pgflow.claim_tasks(queue_name => $1, msg_ids => $2, worker_id => $3,
+               flow_slugs => array['comm'], step_slugs => array['classify'])",
+        )
+        .bind(Q)
+        .bind(&msgs)
+        .bind(worker)
+        .fetch_all(&mut *first)
+        .await
+        .unwrap(),
+    );
     assert_eq!(claimed["tasks"].as_array().unwrap().len(), 1);
     let second = {
         let pool = pool.clone();

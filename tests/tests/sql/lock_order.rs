@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::step_support::*;
 use crate::support::*;
 use pgflow_tests::{test_db, wait_until};
-use serde_json::{json, Value};
+use serde_json::json;
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -82,19 +82,21 @@ async fn a_claim_holding_a_read_message_and_a_failure_cancelling_its_task_do_not
     wait_for_lock_wait(pool, "session A").await;
 
     // Session B claims the sibling it read: no deadlock (40P01), it finishes at once.
-    let result: Value = tokio::time::timeout(
-        Duration::from_secs(10),
-        sqlx::query_scalar(
-            "select pgflow.claim_tasks(queue_name => 'lk', flow_slug => 'lk', step_slug => null,
-               msg_ids => $1, worker_id => $2)",
+    let result = claim_json(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            sqlx::query(
+                "select * from pgflow.claim_tasks(queue_name => 'lk', msg_ids => $1, worker_id => $2,
+                   flow_slugs => array['lk'], step_slugs => array['each'])",
+            )
+            .bind(&sibling)
+            .bind(worker)
+            .fetch_all(&mut b),
         )
-        .bind(&sibling)
-        .bind(worker)
-        .fetch_one(&mut b),
-    )
-    .await
-    .expect("the claim must not wait for session A")
-    .expect("the claim must not fail (no deadlock)");
+        .await
+        .expect("the claim must not wait for session A")
+        .expect("the claim must not fail (no deadlock)"),
+    );
     assert_eq!(result["outcome"], "claimed", "{result}");
     sqlx::query("commit").execute(&mut b).await.unwrap();
 
@@ -144,19 +146,21 @@ async fn a_claim_holding_a_read_message_and_a_completion_of_that_task_do_not_dea
     });
     wait_for_lock_wait(pool, "session A").await;
 
-    let result: Value = tokio::time::timeout(
-        Duration::from_secs(10),
-        sqlx::query_scalar(
-            "select pgflow.claim_tasks(queue_name => 'lk', flow_slug => 'lk', step_slug => null,
-               msg_ids => $1, worker_id => $2)",
+    let result = claim_json(
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            sqlx::query(
+                "select * from pgflow.claim_tasks(queue_name => 'lk', msg_ids => $1, worker_id => $2,
+                   flow_slugs => array['lk'], step_slugs => array['each'])",
+            )
+            .bind(&again)
+            .bind(worker)
+            .fetch_all(&mut b),
         )
-        .bind(&again)
-        .bind(worker)
-        .fetch_one(&mut b),
-    )
-    .await
-    .expect("the claim must not wait for session A")
-    .expect("the claim must not fail (no deadlock)");
+        .await
+        .expect("the claim must not wait for session A")
+        .expect("the claim must not fail (no deadlock)"),
+    );
     // The task is still started: the duplicate is deferred, no attempt used.
     assert_eq!(result["outcome"], "claimed");
     assert_eq!(result["deferred"], json!(again));

@@ -8,6 +8,7 @@ mod compile;
 mod concurrency;
 mod conditions;
 mod coverage;
+mod deployments;
 mod events;
 mod fencing;
 mod flow_shapes;

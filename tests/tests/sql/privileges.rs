@@ -69,7 +69,7 @@ async fn a_role_with_only_schema_usage_can_call_nothing() {
         "select pgflow.get_run_with_states('00000000-0000-0000-0000-000000000000')",
         "select pgflow.requeue_stalled_tasks()",
         "select pgflow.setup_requeue_stalled_tasks_cron()",
-        "select pgflow.read_and_claim_tasks('priv', 'priv', null, 10, 30, gen_random_uuid())",
+        "select * from pgflow.read_and_claim_tasks('priv', 10, 30, gen_random_uuid(), array['priv'], array['a'])",
         "select pgflow.run_maintenance()",
         "select pgflow.enable_worker_function('x')",
         "select * from pgflow.runs",
@@ -117,7 +117,9 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
             .unwrap();
     assert_eq!(compiled["status"], "compiled");
     let state: Value =
-        sqlx::query_scalar("select pgflow.register_worker($1, 'e2e-worker', 'e2e', 'e2e', null)")
+        sqlx::query_scalar(
+            "select pgflow.register_worker($1, 'e2e-worker', 'e2e', array['e2e', 'e2e'], array['a', 'b'])",
+        )
             .bind(worker_id)
             .fetch_one(&worker)
             .await
@@ -129,7 +131,9 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
         .fetch_one(&client)
         .await
         .unwrap();
-    let err = sqlx::query("select pgflow.read_and_claim_tasks('e2e', 'e2e', null, 10, 30, $1)")
+    let err = sqlx::query(
+        "select * from pgflow.read_and_claim_tasks('e2e', 10, 30, $1, array['e2e', 'e2e'], array['a', 'b'])",
+    )
         .bind(worker_id)
         .execute(&client)
         .await
@@ -138,13 +142,15 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
 
     // The worker drains the run with the fenced calls.
     for _ in 0..2 {
-        let claimed: Value = sqlx::query_scalar(
-            "select pgflow.read_and_claim_tasks('e2e', 'e2e', null, 10, 30, $1)",
-        )
-        .bind(worker_id)
-        .fetch_one(&worker)
-        .await
-        .unwrap();
+        let claimed = claim_json(
+            sqlx::query(
+                "select * from pgflow.read_and_claim_tasks('e2e', 10, 30, $1, array['e2e', 'e2e'], array['a', 'b'])",
+            )
+            .bind(worker_id)
+            .fetch_all(&worker)
+            .await
+            .unwrap(),
+        );
         let task = &claimed["tasks"][0];
         let outcome: String = sqlx::query_scalar(
             "select outcome from pgflow.complete_tasks(array[$1]::uuid[], array[$2], array[0], array[$3]::jsonb[],

@@ -92,6 +92,32 @@ pub(crate) async fn pgmq_queues(pool: &PgPool) -> Vec<String> {
 }
 
 /// register_worker; returns its JSON.
+/// The (flow, step) pairs of a subscription: one step, or every step of the flow (a plain worker); a flow
+/// that does not exist gives one pair with an empty step (registration then names the missing flow).
+pub(crate) async fn pairs(
+    pool: &PgPool,
+    flow: &str,
+    step: Option<&str>,
+) -> (Vec<String>, Vec<String>) {
+    let steps: Vec<String> = match step {
+        Some(step) => vec![step.to_owned()],
+        None => sqlx::query_scalar(
+            "select step_slug from pgflow.steps where flow_slug = $1 order by step_index",
+        )
+        .bind(flow)
+        .fetch_all(pool)
+        .await
+        .expect("steps"),
+    };
+    let steps = if steps.is_empty() {
+        vec![String::new()]
+    } else {
+        steps
+    };
+    (vec![flow.to_owned(); steps.len()], steps)
+}
+
+/// register_worker for a subscription (one step, or every step of the flow); returns its JSON.
 pub(crate) async fn try_register(
     pool: &PgPool,
     worker: Uuid,
@@ -100,14 +126,15 @@ pub(crate) async fn try_register(
     flow: &str,
     step: Option<&str>,
 ) -> Result<Value, sqlx::Error> {
+    let (flows, steps) = pairs(pool, flow, step).await;
     sqlx::query_scalar(
-        "select pgflow.register_worker(worker_id => $1, function_name => $2, queue_name => $3, flow_slug => $4, step_slug => $5)",
+        "select pgflow.register_worker(worker_id => $1, function_name => $2, queue_name => $3, flow_slugs => $4, step_slugs => $5)",
     )
     .bind(worker)
     .bind(function)
     .bind(queue)
-    .bind(flow)
-    .bind(step)
+    .bind(&flows)
+    .bind(&steps)
     .fetch_one(pool)
     .await
 }
@@ -125,7 +152,45 @@ pub(crate) async fn register(
         .unwrap_or_else(|e| panic!("register_worker({queue}): {e}"))
 }
 
-/// claim_tasks for a subscription; returns its JSON.
+/// The rows of pgflow.claim_tasks / read_and_claim_tasks, gathered into one JSON object:
+/// {"outcome", "tasks": [...], "deferred": [ids], "archived": [ids], "waiting": [ids], "unsupported", "disabled"}.
+pub(crate) fn claim_json(rows: Vec<sqlx::postgres::PgRow>) -> Value {
+    use sqlx::Row;
+    let mut out = serde_json::json!({"outcome": "claimed", "tasks": [], "deferred": [], "archived": [],
+        "waiting": [], "unsupported": null, "disabled": null});
+    for row in rows {
+        let outcome: String = row.get("outcome");
+        let msg_id: Option<i64> = row.get("msg_id");
+        match outcome.as_str() {
+            "claimed" => out["tasks"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({
+                    "flow_slug": row.get::<String, _>("flow_slug"),
+                    "run_id": row.get::<Uuid, _>("run_id"),
+                    "step_slug": row.get::<String, _>("step_slug"),
+                    "input": row.get::<Option<Value>, _>("input"),
+                    "msg_id": msg_id,
+                    "task_index": row.get::<i32, _>("task_index"),
+                    "flow_input": row.get::<Option<Value>, _>("flow_input"),
+                    "attempts_count": row.get::<i32, _>("attempts_count"),
+                    "timeout": row.get::<i32, _>("timeout"),
+                })),
+            "deferred" | "archived" | "waiting" => out[outcome.as_str()]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!(msg_id)),
+            "unsupported" | "disabled" => {
+                out["outcome"] = Value::from(outcome.clone());
+                out[outcome.as_str()] = row.get::<Value, _>("report");
+            }
+            other => panic!("unknown claim outcome {other}"),
+        }
+    }
+    out
+}
+
+/// claim_tasks for a subscription (one step, or every step of the flow); returns its rows as JSON.
 pub(crate) async fn claim_tasks(
     pool: &PgPool,
     queue: &str,
@@ -134,17 +199,19 @@ pub(crate) async fn claim_tasks(
     ids: &[i64],
     worker: Uuid,
 ) -> Value {
-    sqlx::query_scalar(
-        "select pgflow.claim_tasks(queue_name => $1, flow_slug => $2, step_slug => $3, msg_ids => $4, worker_id => $5)",
+    let (flows, steps) = pairs(pool, flow, step).await;
+    let rows = sqlx::query(
+        "select * from pgflow.claim_tasks(queue_name => $1, msg_ids => $2, worker_id => $3, flow_slugs => $4, step_slugs => $5)",
     )
     .bind(queue)
-    .bind(flow)
-    .bind(step)
     .bind(ids)
     .bind(worker)
-    .fetch_one(pool)
+    .bind(&flows)
+    .bind(&steps)
+    .fetch_all(pool)
     .await
-    .unwrap_or_else(|e| panic!("claim_tasks({queue}): {e}"))
+    .unwrap_or_else(|e| panic!("claim_tasks({queue}): {e}"));
+    claim_json(rows)
 }
 
 /// The msg_ids of a JSON array (claimed tasks' "msg_id" or a plain id list).
