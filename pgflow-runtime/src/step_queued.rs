@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 
 use sqlx::PgPool;
 
+use crate::deployment::{Deployment, Routing};
 use crate::flow::{Flow, FlowStep};
 use crate::worker::{FlowEntry, WorkerBuilder};
 
@@ -78,6 +79,15 @@ impl<F: Flow> StepQueued<F> {
             step,
             queue: Self::queue_for(step),
         }
+    }
+}
+
+impl<F: StepQueueRoutes> Deployment for StepQueued<F> {
+    type Flow = F;
+    const ALIAS: Option<&'static str> = None;
+
+    fn routing() -> Routing<F::Step> {
+        Routing::StepQueues(F::ROUTES)
     }
 }
 
