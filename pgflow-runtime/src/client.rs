@@ -13,6 +13,7 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
+use crate::deployment::Deployment;
 use crate::flow::Flow;
 use crate::statements;
 use crate::watch::Hub;
@@ -122,6 +123,50 @@ where
     start_flow_by_slug(executor, F::SLUG, &input, None).await
 }
 
+/// Starts a run of deployment `D` by its alias, with a typed input, with any executor (a pool, a connection,
+/// or the caller's transaction). `pgflow.start_flow` resolves the alias to the concrete version it points at
+/// now; a deployment without an alias starts its concrete slug.
+///
+/// ```no_run
+/// # use pgflow_runtime::{flow, Deployment, Routing, StepError};
+/// # #[flow(slug = "communityV2", input = String)]
+/// # mod community_v2 { use pgflow_runtime::StepError;
+/// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
+/// # pub struct CommunityV2;
+/// # impl Deployment for CommunityV2 {
+/// #     type Flow = community_v2::CommunityV2;
+/// #     const ALIAS: Option<&'static str> = Some("community");
+/// #     fn routing() -> Routing<community_v2::Step> { Routing::Named(|_| "classify_threads") }
+/// # }
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// let started = pgflow_runtime::client::start_deployed::<CommunityV2, _>(&mut *tx, &"help?".to_owned()).await?;
+/// tx.commit().await?;
+/// println!("run {} of {}", started.run_id, started.flow_slug);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`ClientError::Input`] when the input does not serialize, [`ClientError::Database`] when
+/// `pgflow.start_flow` fails (an alias no worker has activated yet and no concrete slug of that name, a root
+/// map given a non-array).
+pub async fn start_deployed<'e, D, E>(
+    executor: E,
+    input: &<D::Flow as Flow>::Input,
+) -> Result<StartedRun, ClientError>
+where
+    D: Deployment,
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let name = D::ALIAS.unwrap_or(<D::Flow as Flow>::SLUG);
+    let input = serde_json::to_value(input).map_err(|source| ClientError::Input {
+        flow_slug: name.to_owned(),
+        source,
+    })?;
+    start(executor, name, &input, None).await
+}
+
 /// Starts a run by flow slug with a JSON input, optionally with a chosen run id.
 ///
 /// # Errors
@@ -136,12 +181,36 @@ pub async fn start_flow_by_slug<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    Ok(sqlx::query_scalar(statements::START_FLOW)
-        .bind(flow_slug)
+    Ok(start(executor, flow_slug, input, run_id).await?.run_id)
+}
+
+/// `pgflow.start_flow` of a concrete slug or an alias.
+async fn start<'e, E>(
+    executor: E,
+    name: &str,
+    input: &Value,
+    run_id: Option<Uuid>,
+) -> Result<StartedRun, ClientError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    let (run_id, flow_slug) = sqlx::query_as(statements::START_FLOW)
+        .bind(name)
         .bind(input)
         .bind(run_id)
         .fetch_one(executor)
-        .await?)
+        .await?;
+    Ok(StartedRun { run_id, flow_slug })
+}
+
+/// A run just started: its id and the concrete flow slug it runs (what an alias resolved to).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartedRun {
+    /// The run id (`pgflow.runs.run_id`).
+    pub run_id: Uuid,
+    /// The concrete flow slug (`pgflow.runs.flow_slug`).
+    pub flow_slug: String,
 }
 
 /// Starts runs and watches them. Cheap to clone; the pool stays the caller's.
@@ -208,6 +277,47 @@ impl Client {
         Ok(self.handle(run_id))
     }
 
+    /// Starts a run of deployment `D` by its alias (or its concrete slug when it has none), with a typed
+    /// input. The handle reports the concrete version the alias resolved to
+    /// ([`RunHandle::flow_slug`]); waiting works as for [`Client::start`].
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, Deployment, Routing, StepError};
+    /// # #[flow(slug = "communityV2", input = String)]
+    /// # mod community_v2 { use pgflow_runtime::StepError;
+    /// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
+    /// # pub struct CommunityV2;
+    /// # impl Deployment for CommunityV2 {
+    /// #     type Flow = community_v2::CommunityV2;
+    /// #     const ALIAS: Option<&'static str> = Some("community");
+    /// #     fn routing() -> Routing<community_v2::Step> { Routing::Named(|_| "classify_threads") }
+    /// # }
+    /// use pgflow_runtime::Client;
+    /// use std::time::Duration;
+    ///
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let run = Client::new(pool).start_deployed::<CommunityV2>(&"help?".to_owned()).await?;
+    /// println!("the alias resolved to {}", run.flow_slug());
+    /// run.wait(Duration::from_secs(30)).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// See [`start_deployed`].
+    pub async fn start_deployed<D: Deployment>(
+        &self,
+        input: &<D::Flow as Flow>::Input,
+    ) -> Result<RunHandle<D::Flow>, ClientError> {
+        let started = start_deployed::<D, _>(&self.pool, input).await?;
+        Ok(RunHandle {
+            run_id: started.run_id,
+            flow_slug: started.flow_slug,
+            client: self.clone(),
+            _flow: PhantomData,
+        })
+    }
+
     /// Starts a run by slug with a JSON input.
     ///
     /// # Errors
@@ -217,10 +327,11 @@ impl Client {
         start_flow_by_slug(&self.pool, flow_slug, input, None).await
     }
 
-    /// A typed handle on an existing run.
+    /// A typed handle on an existing run of `F`.
     pub fn handle<F: Flow>(&self, run_id: Uuid) -> RunHandle<F> {
         RunHandle {
             run_id,
+            flow_slug: F::SLUG.to_owned(),
             client: self.clone(),
             _flow: PhantomData,
         }
@@ -337,9 +448,14 @@ impl Client {
     }
 }
 
-/// A typed run: its id, and a way to wait for its output.
+/// A typed run: its id, its concrete flow, and a way to wait for its output.
+///
+/// Started by alias ([`Client::start_deployed`]), the run may be of another version than `F` (the alias
+/// pointed elsewhere): [`RunHandle::flow_slug`] says which, [`RunHandle::as_version`] gives the handle typed
+/// by that version, and [`RunHandle::wait`] decodes the output as `F`'s.
 pub struct RunHandle<F: Flow> {
     run_id: Uuid,
+    flow_slug: String,
     client: Client,
     _flow: PhantomData<fn() -> F>,
 }
@@ -348,6 +464,21 @@ impl<F: Flow> RunHandle<F> {
     /// The run id (`pgflow.runs.run_id`).
     pub fn run_id(&self) -> Uuid {
         self.run_id
+    }
+
+    /// The concrete flow slug of the run (`pgflow.runs.flow_slug`): what an alias resolved to.
+    pub fn flow_slug(&self) -> &str {
+        &self.flow_slug
+    }
+
+    /// This handle typed by concrete flow `G`, when the run is of `G`.
+    pub fn as_version<G: Flow>(&self) -> Option<RunHandle<G>> {
+        (self.flow_slug == G::SLUG).then(|| RunHandle {
+            run_id: self.run_id,
+            flow_slug: self.flow_slug.clone(),
+            client: self.client.clone(),
+            _flow: PhantomData,
+        })
     }
 
     /// The run with its step states.
@@ -373,6 +504,7 @@ impl<F: Flow> Clone for RunHandle<F> {
     fn clone(&self) -> Self {
         RunHandle {
             run_id: self.run_id,
+            flow_slug: self.flow_slug.clone(),
             client: self.client.clone(),
             _flow: PhantomData,
         }
@@ -382,7 +514,7 @@ impl<F: Flow> Clone for RunHandle<F> {
 impl<F: Flow> fmt::Debug for RunHandle<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunHandle")
-            .field("flow", &F::SLUG)
+            .field("flow", &self.flow_slug)
             .field("run_id", &self.run_id)
             .finish()
     }

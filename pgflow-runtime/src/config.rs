@@ -40,11 +40,14 @@ pub enum Compilation {
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
 ///
-/// Step timeouts and retries are flow and step options, not worker settings: each claim carries the step's
-/// effective timeout from the database.
+/// The pool is the caller's (a worker's connections are the pool's): the worker itself uses at most
+/// `completion_flushers + 3` connections at once (claims, recording results, heartbeats, maintenance), and
+/// handlers that query share what is left. A zero-configuration worker (`DATABASE_URL`, see
+/// [`WorkerConfig::pool_size`]) opens that many plus one per concurrent handler, up to 10.
 ///
-/// The pool is the caller's: it should allow at least `completion_flushers + 3` connections
-/// (claims, completions, heartbeats, handlers that query).
+/// Queue-scoped settings (concurrency, batch size, polling, read visibility, the pool) are worker settings;
+/// step timeouts and retries are flow and step options, not worker settings: each claim carries the step's
+/// effective timeout from the database.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WorkerConfig {
@@ -172,6 +175,20 @@ pub enum ConfigError {
 }
 
 impl WorkerConfig {
+    /// The connections the pool of a zero-configuration worker gets: what the worker itself uses at most
+    /// (`completion_flushers + 3`: claims, recording results, heartbeats, maintenance) plus one per
+    /// concurrent handler, up to 10, for handlers that query (`ctx.pool()`).
+    ///
+    /// ```
+    /// use pgflow_runtime::WorkerConfig;
+    /// assert_eq!(WorkerConfig::default().pool_size(), 17);
+    /// ```
+    pub fn pool_size(&self) -> u32 {
+        let own = self.completion_flushers.saturating_add(3);
+        let handlers = self.max_concurrent.min(10);
+        u32::try_from(own.saturating_add(handlers)).unwrap_or(u32::MAX)
+    }
+
     /// Checks every setting.
     ///
     /// # Errors

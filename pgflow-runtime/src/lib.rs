@@ -67,7 +67,9 @@ pub mod worker;
 #[allow(missing_docs, unreachable_pub)]
 pub mod __private;
 
-pub use client::{Client, ClientError, RunHandle, RunState, RunStatus, StepState, WaitError};
+pub use client::{
+    Client, ClientError, RunHandle, RunState, RunStatus, StartedRun, StepState, WaitError,
+};
 pub use config::{Compilation, ConfigError, WorkerConfig};
 pub use context::StepContext;
 pub use deployment::{Deployment, Queue, RoutesTo, Routing};
@@ -80,7 +82,8 @@ pub use pgflow_sql::names as queue_names;
 pub use queue_names::{FlowQueueNameError, QueueNameError, StepQueueNameError};
 pub use step_queued::{StepQueueRoutes, StepQueued, StepWorkerSpec};
 pub use worker::{
-    CompileStatus, StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
+    AliasActivation, CompileStatus, CoverageGap, DeploymentStatus, FromEnv, GapReason, OnQueue,
+    QueueWorker, StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
 };
 
 /// `Result<T, StepError>`, the usual handler return type.
@@ -89,6 +92,7 @@ pub type StepResult<T, E = StepError> = Result<T, E>;
 /// The items a flow module usually needs: `use pgflow_runtime::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        flow, Client, Flow, FlowStep, StepContext, StepError, StepQueued, StepResult, Worker,
+        flow, Client, Deployment, Flow, FlowStep, Queue, QueueWorker, RoutesTo, Routing,
+        StepContext, StepError, StepQueued, StepResult, Worker,
     };
 }

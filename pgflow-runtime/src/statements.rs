@@ -4,14 +4,20 @@
 //! (`pgflow.runs`, `pgflow.step_states`, `pgflow.queue_coverage`, `pgflow.schema_migrations`); everything
 //! else goes through the SQL core's functions.
 
-/// `ensure_flow_compiled` → `{status, differences}`.
+/// `ensure_flow_compiled` → `{status, differences}`, plus `alias: {.., activated}` when an alias is given.
 pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compiled(\
-     flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5)";
+     flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5, alias => $6)";
 
 /// The persisted route map of a flow: `(step_slug, queue_name)` in step order.
 pub(crate) const FLOW_ROUTES: &str =
     "select step_slug, queue_name from pgflow.flow_routes(flow_slug => $1) \
      order by step_index";
+
+/// The (flow, step) pairs queue `$1` can carry that the given pairs lack, with reason, count, examples and
+/// repair (`pgflow.queue_coverage_gaps`).
+pub(crate) const QUEUE_COVERAGE_GAPS: &str = "select g.flow_slug, g.step_slug, g.reason, \
+     g.count, g.examples, g.repair \
+     from pgflow.queue_coverage_gaps(queue_name => $1, flow_slugs => $2, step_slugs => $3) g";
 
 /// Registers this worker for its queue and the exact (flow, step) pairs it runs → `{enabled, ...}`.
 pub(crate) const REGISTER_WORKER: &str = "select pgflow.register_worker(worker_id => $1, \
@@ -55,9 +61,9 @@ pub(crate) const MARK_WORKER_STOPPED: &str = "select pgflow.mark_worker_stopped(
 pub(crate) const RUN_MAINTENANCE: &str = "select pgflow.run_maintenance(dead_after => $1, \
      retain_for => $2, prune_batch => $3)";
 
-/// Starts a run → its id.
+/// Starts a run of a concrete slug or an alias → its id and the concrete slug it resolved to.
 pub(crate) const START_FLOW: &str =
-    "select run_id from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
+    "select run_id, flow_slug from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
 
 /// A run with its step states.
 pub(crate) const GET_RUN_WITH_STATES: &str = "select pgflow.get_run_with_states(run_id => $1)";

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use crate::deployment::{Deployment, Routing};
 use crate::flow::{Flow, FlowStep};
-use crate::worker::{FlowEntry, WorkerBuilder};
+use crate::worker::{FromEnv, WorkerBuilder, WorkerError, WorkerReport};
 
 /// The route table (step, queue) of a flow deployed with one queue per step.
 ///
@@ -142,7 +142,33 @@ impl<F: StepQueueRoutes> StepWorkerSpec<F> {
     /// # Ok(()) }
     /// ```
     pub fn builder(&self, pool: PgPool) -> WorkerBuilder<F> {
-        WorkerBuilder::new(pool, FlowEntry::step::<F>(self.step, F::ROUTES))
+        WorkerBuilder::deployment::<StepQueued<F>>(pool, self.queue)
+    }
+
+    /// Runs this step worker with zero configuration: it connects with `DATABASE_URL` (a pool of
+    /// [`WorkerConfig::pool_size`](crate::WorkerConfig::pool_size) connections) and runs with the default
+    /// settings until SIGTERM or ctrl-c. Use [`StepWorkerSpec::builder`] for anything else.
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, StepError, StepQueued};
+    /// # #[flow(slug = "community", input = String, step_queues)]
+    /// # mod community { use pgflow_runtime::StepError;
+    /// #   #[step] async fn classify(t: String) -> Result<String, StepError> { Ok(t) } }
+    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
+    /// use community::{Community, Step};
+    /// StepQueued::<Community>::worker(Step::Classify).run().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::DatabaseUrlMissing`] or [`WorkerError::DatabaseUrlInvalid`] without a usable
+    /// `DATABASE_URL`, [`WorkerError::Database`] when the database cannot be reached, then as
+    /// [`Worker::run`](crate::Worker::run).
+    pub async fn run(self) -> Result<WorkerReport, WorkerError> {
+        WorkerBuilder::<F, FromEnv>::deployment::<StepQueued<F>>(FromEnv, self.queue)
+            .run()
+            .await
     }
 }
 

@@ -84,6 +84,47 @@ pub enum WorkerError {
         /// The SQL HINT.
         hint: Option<String>,
     },
+    /// The worker was given no deployment to run.
+    #[error("the worker for queue `{queue}` serves no deployment; give it at least one (`serve::<D>()`)")]
+    EmptyRegistry {
+        /// The queue.
+        queue: String,
+    },
+    /// Two deployments of the worker's registry are the same concrete flow.
+    #[error("the worker for queue `{queue}` serves concrete flow `{flow_slug}` twice; serve each version once (one deployment per concrete flow slug)")]
+    DuplicateFlow {
+        /// The queue.
+        queue: String,
+        /// The concrete flow slug given twice.
+        flow_slug: String,
+    },
+    /// A deployment of the registry routes no step to the worker's queue.
+    #[error("deployment of flow `{flow_slug}` routes no step to queue `{queue}`, so a worker of that queue cannot serve it; serve it from the worker of a queue it uses")]
+    NotRoutedHere {
+        /// The queue.
+        queue: String,
+        /// The concrete flow slug.
+        flow_slug: String,
+    },
+    /// The queue can carry tasks this worker cannot run (`pgflow.queue_coverage_gaps`); nothing was
+    /// registered.
+    #[error("queue `{queue}` can carry tasks this worker cannot run, so it refuses to start and registers nothing: {}", gaps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    CoverageGap {
+        /// The queue.
+        queue: String,
+        /// Every missing (flow, step) pair, once per reason.
+        gaps: Vec<CoverageGap>,
+    },
+    /// A zero-configuration worker found no `DATABASE_URL`.
+    #[error("`DATABASE_URL` is not set; set it to the database's URL (postgres://user:password@host:5432/database), or build the worker with a pool (`builder(pool)`)")]
+    DatabaseUrlMissing,
+    /// A zero-configuration worker found a `DATABASE_URL` it cannot use (the value is not repeated: it may
+    /// hold a password).
+    #[error("`DATABASE_URL` is not a valid PostgreSQL URL ({reason}); set it to postgres://user:password@host:5432/database")]
+    DatabaseUrlInvalid {
+        /// Why it was refused.
+        reason: String,
+    },
     /// The worker function is disabled (`pgflow.worker_functions.enabled = false`).
     #[error("worker function `{function_name}` is disabled ({}); after fixing the cause, enable it with `select pgflow.enable_worker_function('{function_name}')`", reason.as_deref().unwrap_or("no reason recorded"))]
     FunctionDisabled {
@@ -154,6 +195,67 @@ pub struct UnsupportedBatch {
     pub message_flows: Vec<String>,
     /// Steps named by the unsupported messages.
     pub message_steps: Vec<String>,
+}
+
+/// Why a queue must be able to run a (flow, step) pair (`pgflow.queue_coverage_gaps`'s `reason`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GapReason {
+    /// An alias points at the version, which routes the step to the queue: new runs create its tasks here.
+    ActiveAlias,
+    /// A started run has the step unfinished and may still create its task here.
+    StartedRun,
+    /// A task of the step waits or runs in the queue.
+    TaskSnapshot,
+    /// A reason this build does not know.
+    Other(String),
+}
+
+impl GapReason {
+    pub(crate) fn parse(reason: &str) -> Self {
+        match reason {
+            "active_alias" => GapReason::ActiveAlias,
+            "started_run" => GapReason::StartedRun,
+            "task_snapshot" => GapReason::TaskSnapshot,
+            other => GapReason::Other(other.to_owned()),
+        }
+    }
+
+    /// The SQL reason text (`active_alias`, `started_run`, `task_snapshot`).
+    pub fn as_str(&self) -> &str {
+        match self {
+            GapReason::ActiveAlias => "active_alias",
+            GapReason::StartedRun => "started_run",
+            GapReason::TaskSnapshot => "task_snapshot",
+            GapReason::Other(other) => other,
+        }
+    }
+}
+
+impl std::fmt::Display for GapReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One (flow, step) pair a queue can carry that a worker cannot run, with why (see
+/// [`WorkerError::CoverageGap`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("flow `{flow_slug}` step `{step_slug}` ({reason}: {count}, e.g. {}): {repair}", examples.join(", "))]
+#[non_exhaustive]
+pub struct CoverageGap {
+    /// The concrete flow slug.
+    pub flow_slug: String,
+    /// The step slug.
+    pub step_slug: String,
+    /// Why the queue needs it.
+    pub reason: GapReason,
+    /// How many aliases, runs or tasks make it needed.
+    pub count: i64,
+    /// Up to three of them: alias names, run ids, or `{"run_id", "msg_id"}` of tasks.
+    pub examples: Vec<String>,
+    /// How to repair the gap.
+    pub repair: String,
 }
 
 pub(crate) trait Context<T> {

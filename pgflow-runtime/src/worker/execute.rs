@@ -14,12 +14,12 @@ use tracing::Instrument;
 
 use super::claim::Claimed;
 use super::record::{Outcome, Pending, TaskKey, TaskResult};
-use super::subscription::{step_deadline, Subscription, TaskFacts};
+use super::registry::{step_deadline, Registry, TaskFacts};
 
 /// What running tasks share.
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
-    pub(crate) subscription: Arc<Subscription>,
+    pub(crate) registry: Arc<Registry>,
     /// Parent of every handler's token; fires once the shutdown grace is over.
     pub(crate) handlers: CancellationToken,
     /// How long a timed-out handler may take to react to its token before it is dropped.
@@ -98,14 +98,9 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
         pool: shared.pool.clone(),
         cancellation: token.clone(),
     };
-    let dispatched = match shared.subscription.flow(&task.flow_slug) {
-        Some(flow) => (flow.dispatch)(&task.step_slug, facts),
-        None => Err(format!(
-            "this worker has no flow `{}` (it serves {})",
-            task.flow_slug,
-            shared.subscription.describe()
-        )),
-    };
+    let dispatched = shared
+        .registry
+        .dispatch(&task.flow_slug, &task.step_slug, facts);
     let handler = match dispatched {
         Ok(handler) => handler,
         Err(message) => {

@@ -1,19 +1,24 @@
 //! Workers: [`Worker`] runs every step of a flow from its queue; a step worker (from
-//! [`StepQueued::worker`](crate::StepQueued::worker)) runs one step from its private queue.
+//! [`StepQueued::worker`](crate::StepQueued::worker)) runs one step from its private queue; a
+//! [`QueueWorker`] polls one declared [`Queue`](crate::Queue) and runs the steps that several deployments
+//! route there.
 //!
-//! Inside, a worker is one queue and the steps it serves there (`subscription`); startup compiles and
-//! registers (`startup`); `serve` claims (`claim`), runs (`execute`) and records (`record`) until it stops,
-//! with heartbeats and maintenance beside it (`background`) and one retry policy (`retry`).
+//! Inside, every worker is one queue and a registry of deployments it serves there (`registry`); startup
+//! checks the registry, compiles, checks coverage and registers (`startup`); `serve` claims (`claim`), runs
+//! (`execute`) and records (`record`) until it stops, with heartbeats and maintenance beside it (`background`)
+//! and one retry policy (`retry`).
 
 mod background;
 mod claim;
+mod connect;
 mod error;
 mod execute;
 mod record;
+mod registry;
+mod report;
 mod retry;
 mod serve;
 mod startup;
-mod subscription;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -25,13 +30,75 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use crate::config::{Compilation, ConfigError, WorkerConfig};
-pub use error::{UnsupportedBatch, WorkerError};
+pub use error::{CoverageGap, GapReason, UnsupportedBatch, WorkerError};
+pub use report::{AliasActivation, CompileStatus, DeploymentStatus, StopReason, WorkerReport};
 
+use crate::deployment::{Deployment, Queue, RoutesTo};
 use crate::flow::Flow;
-pub(crate) use subscription::FlowEntry;
-use subscription::Subscription;
+use registry::{DefaultDeployment, Registry};
+
+/// What a queue worker runs: the deployments served on queue `Q`. The `K` of [`Worker<K>`] and
+/// [`WorkerBuilder<K>`] for a [`QueueWorker<Q>`]; never built.
+pub struct OnQueue<Q>(PhantomData<fn() -> Q>);
+
+impl<Q> fmt::Debug for OnQueue<Q> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OnQueue")
+    }
+}
+
+/// Where a zero-configuration worker gets its connections: a pool it opens on `DATABASE_URL` when it runs
+/// (the `C` of a [`WorkerBuilder`] from [`QueueWorker::new`], [`Worker::new`] or
+/// [`StepWorkerSpec::run`](crate::StepWorkerSpec::run)). The pool has
+/// [`WorkerConfig::pool_size`] connections.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FromEnv;
+
+/// A worker that polls the declared queue `Q` and runs the steps of every deployment it serves there, of
+/// several concrete flows (for example two versions of one flow while the older drains, or several flows
+/// sharing a queue).
+///
+/// ```no_run
+/// use pgflow_runtime::{flow, Deployment, Queue, QueueWorker, RoutesTo, Routing, StepError};
+///
+/// #[flow(slug = "communityV1", input = String)]
+/// mod community_v1 {
+///     use pgflow_runtime::StepError;
+///     #[step]
+///     async fn classify(text: String) -> Result<String, StepError> { Ok(text) }
+/// }
+///
+/// pub struct ClassifyThreads;
+/// impl Queue for ClassifyThreads {
+///     const NAME: &'static str = "classify_threads";
+/// }
+///
+/// pub struct CommunityV1;
+/// impl Deployment for CommunityV1 {
+///     type Flow = community_v1::CommunityV1;
+///     const ALIAS: Option<&'static str> = Some("community");
+///     fn routing() -> Routing<community_v1::Step> {
+///         Routing::Named(|_| ClassifyThreads::NAME)
+///     }
+/// }
+/// impl RoutesTo<ClassifyThreads> for CommunityV1 {}
+///
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// QueueWorker::<ClassifyThreads>::builder(pool)
+///     .serve::<CommunityV1>()
+///     .max_concurrent(4)
+///     .build()?
+///     .run_until_signal()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub type QueueWorker<Q> = Worker<OnQueue<Q>>;
 
 /// Builds a [`Worker`]; every setting has a default (see [`WorkerConfig`]).
+///
+/// `K` is what the worker runs (a flow `F`, or [`OnQueue<Q>`] for a [`QueueWorker<Q>`]); `C` is where its
+/// connections come from: the caller's [`PgPool`] (the default), or [`FromEnv`] for a zero-configuration
+/// worker. The settings are the same for every kind.
 ///
 /// ```no_run
 /// # use pgflow_runtime::{flow, StepError};
@@ -52,11 +119,11 @@ use subscription::Subscription;
 /// # Ok(()) }
 /// ```
 #[must_use = "a builder does nothing until `build` and `run`"]
-pub struct WorkerBuilder<F: Flow> {
-    pool: PgPool,
-    entry: FlowEntry,
+pub struct WorkerBuilder<K, C = PgPool> {
+    connection: C,
+    registry: Registry,
     config: WorkerConfig,
-    _flow: PhantomData<fn() -> F>,
+    _kind: PhantomData<fn() -> K>,
 }
 
 macro_rules! setters {
@@ -69,14 +136,21 @@ macro_rules! setters {
     )*};
 }
 
-impl<F: Flow> WorkerBuilder<F> {
-    pub(crate) fn new(pool: PgPool, entry: FlowEntry) -> Self {
+impl<K, C> WorkerBuilder<K, C> {
+    fn with(connection: C, registry: Registry) -> Self {
         WorkerBuilder {
-            pool,
-            entry,
+            connection,
+            registry,
             config: WorkerConfig::default(),
-            _flow: PhantomData,
+            _kind: PhantomData,
         }
+    }
+
+    /// A worker for the steps deployment `D` routes to `queue` (a step worker: one step's private queue).
+    pub(crate) fn deployment<D: Deployment>(connection: C, queue: &str) -> Self {
+        let mut registry = Registry::new(queue);
+        registry.add::<D>();
+        WorkerBuilder::with(connection, registry)
     }
 
     /// Replaces every setting at once.
@@ -130,20 +204,22 @@ impl<F: Flow> WorkerBuilder<F> {
         self.config.worker_name = Some(name.into());
         self
     }
+}
 
+impl<K> WorkerBuilder<K> {
     /// Validates the settings.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the first invalid setting.
-    pub fn build(self) -> Result<Worker<F>, ConfigError> {
+    pub fn build(self) -> Result<Worker<K>, ConfigError> {
         self.config.validate()?;
         Ok(Worker {
-            pool: self.pool,
-            subscription: Subscription::single(self.entry),
+            pool: self.connection,
+            registry: self.registry,
             config: self.config,
             worker_id: Uuid::new_v4(),
-            _flow: PhantomData,
+            _kind: PhantomData,
         })
     }
 
@@ -157,11 +233,59 @@ impl<F: Flow> WorkerBuilder<F> {
     }
 }
 
-impl<F: Flow> fmt::Debug for WorkerBuilder<F> {
+impl<K> WorkerBuilder<K, FromEnv> {
+    /// Connects with `DATABASE_URL` (a pool of [`WorkerConfig::pool_size`] connections) and runs until
+    /// SIGTERM or ctrl-c (see [`Worker::run_until_signal`]).
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, StepError};
+    /// # #[flow(slug = "greet", input = String)]
+    /// # mod greet { use pgflow_runtime::StepError;
+    /// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
+    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
+    /// pgflow_runtime::Worker::<greet::Greet>::new().max_concurrent(4).run().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`WorkerError::Config`] for an invalid setting, [`WorkerError::DatabaseUrlMissing`] or
+    /// [`WorkerError::DatabaseUrlInvalid`] without a usable `DATABASE_URL`, [`WorkerError::Database`] when
+    /// the database cannot be reached, then as [`Worker::run`].
+    pub async fn run(self) -> Result<WorkerReport, WorkerError> {
+        self.config.validate()?;
+        let pool = connect::from_env(&self.config).await?;
+        let worker = Worker::<K> {
+            pool,
+            registry: self.registry,
+            config: self.config,
+            worker_id: Uuid::new_v4(),
+            _kind: PhantomData,
+        };
+        worker.run_until_signal().await
+    }
+}
+
+impl<Q: Queue, C> WorkerBuilder<OnQueue<Q>, C> {
+    /// Adds deployment `D` to the registry: the worker runs the steps `D` routes to `Q`, and compiles or
+    /// verifies `D` at startup, activating its alias.
+    ///
+    /// Serve every version a queue still carries: the worker refuses to start while the queue can carry a
+    /// (flow, step) pair it cannot run (see [`WorkerError::CoverageGap`]). Several deployments may share an
+    /// alias (versions of one flow while the older drains): the one served **last** activates it, the others
+    /// are compiled or verified only. `D` must route a step to `Q` ([`RoutesTo<Q>`]), or this does not
+    /// compile.
+    pub fn serve<D: RoutesTo<Q>>(mut self) -> Self {
+        self.registry.add::<D>();
+        self
+    }
+}
+
+impl<K, C> fmt::Debug for WorkerBuilder<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkerBuilder")
-            .field("flow", &F::SLUG)
-            .field("step", &self.entry.served_step)
+            .field("queue", &self.registry.queue)
+            .field("serves", &self.registry.describe())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -169,24 +293,83 @@ impl<F: Flow> fmt::Debug for WorkerBuilder<F> {
 
 /// A configured worker; [`Worker::run`] starts it.
 ///
-/// Startup checks the schema, compiles or verifies the flow (`ensure_flow_compiled`), registers
-/// the worker function and the worker, and logs one banner. Then it claims continuously (each
-/// read asks for at most the free slots), runs handlers concurrently, enforces each step's
-/// timeout, and records every outcome. Several workers (and processes) may serve one queue.
-pub struct Worker<F: Flow> {
+/// `K` is what it runs: a flow `F` ([`Worker::<F>::builder`](Worker::builder) for every step on the flow's
+/// single queue, or a step worker from [`StepQueued::worker`](crate::StepQueued::worker)), or
+/// [`OnQueue<Q>`] for a [`QueueWorker<Q>`]. Every kind is one queue and a registry of deployments (a plain
+/// flow is its own default deployment), started, run and stopped the same way.
+///
+/// Startup, in this order, before the worker registers or claims: it checks the registry (each concrete flow
+/// once, each routing a step to the queue), checks the schema, compiles or verifies every deployment
+/// (`ensure_flow_compiled`, activating its alias) and its routes, derives the exact (flow, step) pairs of its
+/// queue, refuses to start while the queue can carry a pair it cannot run
+/// ([`WorkerError::CoverageGap`]), registers, and logs one banner. Compilation and alias activation commit
+/// before registration. Then it claims continuously (each read asks for at most the free slots), runs
+/// handlers concurrently, enforces each step's timeout, and records every outcome. Several workers (and
+/// processes) may serve one queue.
+pub struct Worker<K> {
     pool: PgPool,
-    subscription: Subscription,
+    registry: Registry,
     config: WorkerConfig,
     worker_id: Uuid,
-    _flow: PhantomData<fn() -> F>,
+    _kind: PhantomData<fn() -> K>,
 }
 
 impl<F: Flow> Worker<F> {
     /// A worker for every step of `F`, on the flow's single queue. The pool stays the caller's.
     pub fn builder(pool: PgPool) -> WorkerBuilder<F> {
-        WorkerBuilder::new(pool, FlowEntry::plain::<F>())
+        WorkerBuilder::deployment::<DefaultDeployment<F>>(pool, &Self::queue_name())
     }
 
+    /// A zero-configuration worker for every step of `F`: it connects with `DATABASE_URL` when it runs and
+    /// runs until SIGTERM or ctrl-c. Settings can still be changed on the returned builder.
+    #[allow(clippy::new_ret_no_self)] // the builder of the worker, like `QueueWorker::new`
+    pub fn new() -> WorkerBuilder<F, FromEnv> {
+        WorkerBuilder::deployment::<DefaultDeployment<F>>(FromEnv, &Self::queue_name())
+    }
+
+    fn queue_name() -> String {
+        crate::queue_names::default_queue_name(F::SLUG)
+    }
+}
+
+impl<Q: Queue> Worker<OnQueue<Q>> {
+    /// A worker polling queue `Q`, with no deployment yet: add each with
+    /// [`serve`](WorkerBuilder::serve). The pool stays the caller's; it is the queue's connections.
+    pub fn builder(pool: PgPool) -> WorkerBuilder<OnQueue<Q>> {
+        WorkerBuilder::with(pool, Registry::new(Q::NAME))
+    }
+
+    /// A zero-configuration worker polling queue `Q`: add deployments with
+    /// [`serve`](WorkerBuilder::serve), then [`run`](WorkerBuilder::run) connects with `DATABASE_URL` and
+    /// runs until SIGTERM or ctrl-c.
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, Deployment, Queue, RoutesTo, Routing, StepError};
+    /// # #[flow(slug = "communityV1", input = String)]
+    /// # mod community_v1 { use pgflow_runtime::StepError;
+    /// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
+    /// # pub struct ClassifyThreads;
+    /// # impl Queue for ClassifyThreads { const NAME: &'static str = "classify_threads"; }
+    /// # pub struct CommunityV1;
+    /// # impl Deployment for CommunityV1 {
+    /// #     type Flow = community_v1::CommunityV1;
+    /// #     const ALIAS: Option<&'static str> = Some("community");
+    /// #     fn routing() -> Routing<community_v1::Step> { Routing::Named(|_| ClassifyThreads::NAME) }
+    /// # }
+    /// # impl RoutesTo<ClassifyThreads> for CommunityV1 {}
+    /// use pgflow_runtime::QueueWorker;
+    ///
+    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
+    /// QueueWorker::<ClassifyThreads>::new().serve::<CommunityV1>().run().await?;
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::new_ret_no_self)] // the documented zero-configuration entry point returns the builder
+    pub fn new() -> WorkerBuilder<OnQueue<Q>, FromEnv> {
+        WorkerBuilder::with(FromEnv, Registry::new(Q::NAME))
+    }
+}
+
+impl<K> Worker<K> {
     /// This worker's id (`pgflow.workers.worker_id`).
     pub fn id(&self) -> Uuid {
         self.worker_id
@@ -195,6 +378,11 @@ impl<F: Flow> Worker<F> {
     /// The settings.
     pub fn config(&self) -> &WorkerConfig {
         &self.config
+    }
+
+    /// The queue this worker polls.
+    pub fn queue(&self) -> &str {
+        &self.registry.queue
     }
 
     /// Runs until `shutdown` fires, the worker is deprecated or its function disabled.
@@ -206,19 +394,20 @@ impl<F: Flow> Worker<F> {
     ///
     /// # Errors
     ///
-    /// A startup failure (schema, [`WorkerError::ShapeMismatch`], queue checks, a disabled
-    /// function, a database error), or [`WorkerError::Unsupported`] when the worker met
-    /// messages it must not run. Database errors while running are retried with backoff.
+    /// A startup failure (the registry's own rules, schema, [`WorkerError::ShapeMismatch`], routing and
+    /// queue checks, [`WorkerError::CoverageGap`], a disabled function, a database error), or
+    /// [`WorkerError::Unsupported`] when the worker met messages it must not run. Database errors while
+    /// running are retried with backoff.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
         let ready = self.prepare().await?;
         serve::serve(ready, shutdown).await
     }
 
     async fn prepare(self) -> Result<serve::Ready, WorkerError> {
-        serve::prepare(self.pool, self.subscription, self.config, self.worker_id).await
+        serve::prepare(self.pool, self.registry, self.config, self.worker_id).await
     }
 
-    /// Runs startup here (so its errors are returned, and the flow is compiled and the worker
+    /// Runs startup here (so its errors are returned, and the flows are compiled and the worker
     /// registered when this returns), then serves in a background task until `shutdown` fires.
     ///
     /// ```no_run
@@ -247,10 +436,12 @@ impl<F: Flow> Worker<F> {
     pub async fn spawn(self, shutdown: CancellationToken) -> Result<WorkerHandle, WorkerError> {
         let worker_id = self.worker_id;
         let ready = self.prepare().await?;
+        let deployments = ready.prepared.deployments.clone();
         let token = shutdown.clone();
         let join = tokio::spawn(serve::serve(ready, shutdown));
         Ok(WorkerHandle {
             worker_id,
+            deployments,
             token,
             join,
         })
@@ -274,12 +465,12 @@ impl<F: Flow> Worker<F> {
     }
 }
 
-impl<F: Flow> fmt::Debug for Worker<F> {
+impl<K> fmt::Debug for Worker<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
-            .field("flow", &F::SLUG)
             .field("worker_id", &self.worker_id)
-            .field("queue", &self.subscription.queue)
+            .field("queue", &self.registry.queue)
+            .field("serves", &self.registry.describe())
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -289,6 +480,7 @@ impl<F: Flow> fmt::Debug for Worker<F> {
 #[derive(Debug)]
 pub struct WorkerHandle {
     worker_id: Uuid,
+    deployments: Vec<DeploymentStatus>,
     token: CancellationToken,
     join: JoinHandle<Result<WorkerReport, WorkerError>>,
 }
@@ -297,6 +489,11 @@ impl WorkerHandle {
     /// The worker id.
     pub fn id(&self) -> Uuid {
         self.worker_id
+    }
+
+    /// What startup did with each deployment (compile status, alias activation), in registry order.
+    pub fn deployments(&self) -> &[DeploymentStatus] {
+        &self.deployments
     }
 
     /// Requests shutdown without waiting.
@@ -346,68 +543,4 @@ pub async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     ctrl_c.await;
-}
-
-/// Why a worker stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StopReason {
-    /// The shutdown token fired.
-    Shutdown,
-    /// `pgflow.workers.deprecated_at` was set.
-    Deprecated,
-    /// The worker function was disabled.
-    Disabled,
-}
-
-/// What startup compilation did with a flow (`pgflow.ensure_flow_compiled`'s status).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CompileStatus {
-    /// The flow did not exist and was created.
-    Compiled,
-    /// The stored flow matched this build.
-    Verified,
-    /// The stored flow differed and was replaced (a local database, or `Compilation::AllowDataLoss`).
-    Recompiled,
-    /// Compilation was skipped (`Compilation::Skip`).
-    Skipped,
-}
-
-impl CompileStatus {
-    /// The SQL status text (`compiled`, `verified`, `recompiled`) or `skipped`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            CompileStatus::Compiled => "compiled",
-            CompileStatus::Verified => "verified",
-            CompileStatus::Recompiled => "recompiled",
-            CompileStatus::Skipped => "skipped",
-        }
-    }
-}
-
-impl fmt::Display for CompileStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a worker did, returned when it stops cleanly.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct WorkerReport {
-    /// The worker id.
-    pub worker_id: Uuid,
-    /// Why it stopped.
-    pub stop_reason: StopReason,
-    /// What startup compilation did with the flow.
-    pub compile_status: CompileStatus,
-    /// Tasks whose output was recorded.
-    pub completed: u64,
-    /// Tasks whose failure was recorded (retried or not).
-    pub failed: u64,
-    /// Results ignored as stale: the task had moved on to another attempt (or finished) meanwhile.
-    pub stale: u64,
-    /// Unfinished tasks handed back at shutdown.
-    pub released: u64,
 }

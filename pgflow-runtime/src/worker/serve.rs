@@ -17,9 +17,9 @@ use super::claim::{ClaimOutcome, Claimer, Unsupported};
 use super::error::{Context, UnsupportedBatch, WorkerError};
 use super::execute::{self, Shared};
 use super::record::{describe, Pending, Recorder, Stats};
+use super::registry::Registry;
 use super::retry::Backoff;
 use super::startup::{self, Prepared};
-use super::subscription::Subscription;
 use super::{StopReason, WorkerReport};
 use crate::config::WorkerConfig;
 use crate::statements;
@@ -27,7 +27,7 @@ use crate::statements;
 /// A worker whose startup succeeded: compiled, registered, not yet claiming.
 pub(crate) struct Ready {
     pub(crate) pool: PgPool,
-    pub(crate) subscription: Arc<Subscription>,
+    pub(crate) registry: Arc<Registry>,
     pub(crate) config: WorkerConfig,
     pub(crate) worker_id: Uuid,
     pub(crate) prepared: Prepared,
@@ -36,34 +36,33 @@ pub(crate) struct Ready {
 /// Startup (see [`startup::prepare`]) and the banner.
 pub(crate) async fn prepare(
     pool: PgPool,
-    subscription: Subscription,
+    registry: Registry,
     config: WorkerConfig,
     worker_id: Uuid,
 ) -> Result<Ready, WorkerError> {
-    let prepared = startup::prepare(&pool, &subscription, &config, worker_id).await?;
-    let compiled: Vec<String> = prepared
-        .compiled
+    let prepared = startup::prepare(&pool, &registry, &config, worker_id).await?;
+    let deployments: Vec<String> = prepared
+        .deployments
         .iter()
-        .map(|(flow, status)| format!("{flow}: {status}"))
+        .map(ToString::to_string)
         .collect();
     tracing::info!(
         %worker_id,
         worker_name = %prepared.function_name,
-        queue = %subscription.queue,
-        serves = %subscription.describe(),
-        compiled = %compiled.join(", "),
+        queue = %registry.queue,
+        deployments = %deployments.join("; "),
         max_concurrent = config.max_concurrent,
         batch_size = config.batch_size,
         "pgflow worker started"
     );
-    for flow in &subscription.flows {
-        if flow.served_step.is_some() {
+    for flow in &registry.flows {
+        if !flow.serves_whole_flow() {
             startup::log_uncovered_routes(&pool, flow.slug).await;
         }
     }
     Ok(Ready {
         pool,
-        subscription: Arc::new(subscription),
+        registry: Arc::new(registry),
         config,
         worker_id,
         prepared,
@@ -80,7 +79,7 @@ pub(crate) async fn serve(
 ) -> Result<WorkerReport, WorkerError> {
     let Ready {
         pool,
-        subscription,
+        registry,
         config,
         worker_id,
         prepared,
@@ -111,16 +110,16 @@ pub(crate) async fn serve(
     );
     let shared = Arc::new(Shared {
         pool: pool.clone(),
-        subscription: Arc::clone(&subscription),
+        registry: Arc::clone(&registry),
         handlers: CancellationToken::new(),
         // Within the claim visibility buffer (2 s), so the failure lands before the message reappears.
         timeout_cancel_wait: config.cancel_grace.min(Duration::from_secs(1)),
         results: tx,
         pending: Arc::clone(&pending),
     });
-    let (flow_slugs, step_slugs) = subscription.pairs();
+    let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Claimer {
-        queue: subscription.queue.clone(),
+        queue: registry.queue.clone(),
         flow_slugs,
         step_slugs,
         read_visibility_secs: i32::try_from(config.read_visibility.as_secs())
@@ -168,16 +167,16 @@ pub(crate) async fn serve(
         worker_id,
         stop_reason,
         compile_status: prepared
-            .compiled
+            .deployments
             .first()
-            .map(|(_, s)| *s)
-            .unwrap_or(super::CompileStatus::Skipped),
+            .map_or(super::CompileStatus::Skipped, |d| d.compile_status),
+        deployments: prepared.deployments,
         completed: stats.completed.load(Ordering::Relaxed),
         failed: stats.failed.load(Ordering::Relaxed),
         stale: stats.stale.load(Ordering::Relaxed),
         released,
     };
-    tracing::info!(%worker_id, reason = ?report.stop_reason, completed = report.completed,
+    tracing::info!(%worker_id, queue = %claimer.queue, reason = ?report.stop_reason, completed = report.completed,
         failed = report.failed, stale = report.stale, released = report.released, "pgflow worker stopped");
     Ok(report)
 }

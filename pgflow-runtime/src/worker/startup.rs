@@ -1,44 +1,81 @@
-//! Startup: schema check, compilation, route verification, worker-function fence, registration.
+//! Startup, in this order, before a worker registers or polls: check the registry (one entry per concrete
+//! flow, each serving a step of the queue), check the schema, compile or verify every deployment (activating
+//! its alias) and its routes, derive the (flow, step) pairs of the queue, refuse on any coverage gap, register.
+//!
+//! Compilation and alias activation commit before registration: when a later step fails, what they did stays
+//! (durable tasks stay queued for a worker that can run them).
 
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::error::{routing_or_database, Context, WorkerError};
-use super::subscription::{FlowEntry, Subscription};
-use super::CompileStatus;
+use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
+use super::registry::{FlowEntry, QueueMode, Registry};
+use super::report::{AliasActivation, CompileStatus, DeploymentStatus};
 use crate::config::{Compilation, WorkerConfig};
 use crate::statements;
 
 /// What startup established.
 pub(crate) struct Prepared {
     pub(crate) function_name: String,
-    /// Each flow's compilation result, in the subscription's order.
-    pub(crate) compiled: Vec<(&'static str, CompileStatus)>,
+    /// What startup did with each deployment, in registry order.
+    pub(crate) deployments: Vec<DeploymentStatus>,
 }
 
 pub(crate) async fn prepare(
     pool: &PgPool,
-    subscription: &Subscription,
+    registry: &Registry,
     config: &WorkerConfig,
     worker_id: Uuid,
 ) -> Result<Prepared, WorkerError> {
+    check_registry(registry)?;
     check_schema(pool, config.auto_install).await?;
-    let mut compiled = Vec::with_capacity(subscription.flows.len());
-    for flow in &subscription.flows {
-        compiled.push((flow.slug, compile(pool, flow, config.compilation).await?));
-        verify_routes(pool, flow, &subscription.queue).await?;
+
+    let mut deployments = Vec::with_capacity(registry.flows.len());
+    for (i, flow) in registry.flows.iter().enumerate() {
+        let superseded_by = flow.alias.and_then(|alias| {
+            registry.flows[i + 1..]
+                .iter()
+                .rev()
+                .find(|later| later.alias == Some(alias))
+                .map(|later| later.slug)
+        });
+        let activate = if superseded_by.is_none() {
+            flow.alias
+        } else {
+            None
+        };
+        let (compile_status, activation) =
+            compile(pool, flow, activate, config.compilation).await?;
+        verify_routes(pool, flow, &registry.queue).await?;
+        let alias = match (flow.alias, superseded_by) {
+            (Some(alias), Some(by)) if compile_status != CompileStatus::Skipped => {
+                AliasActivation::Superseded {
+                    alias: alias.to_owned(),
+                    by_flow_slug: by.to_owned(),
+                }
+            }
+            _ => activation,
+        };
+        deployments.push(DeploymentStatus {
+            flow_slug: flow.slug.to_owned(),
+            steps: flow.served.iter().map(|s| (*s).to_owned()).collect(),
+            compile_status,
+            alias,
+        });
     }
+
+    let (flow_slugs, step_slugs) = registry.pairs();
+    check_coverage(pool, &registry.queue, &flow_slugs, &step_slugs).await?;
 
     let function_name = config
         .worker_name
         .clone()
-        .unwrap_or_else(|| subscription.queue.clone());
-    let (flow_slugs, step_slugs) = subscription.pairs();
+        .unwrap_or_else(|| registry.queue.clone());
     let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
         .bind(&function_name)
-        .bind(&subscription.queue)
+        .bind(&registry.queue)
         .bind(&flow_slugs)
         .bind(&step_slugs)
         .fetch_one(pool)
@@ -64,7 +101,76 @@ pub(crate) async fn prepare(
     }
     Ok(Prepared {
         function_name,
-        compiled,
+        deployments,
+    })
+}
+
+/// The registry's own rules, before any database call: at least one deployment, each concrete flow once,
+/// each serving at least one step of the queue.
+fn check_registry(registry: &Registry) -> Result<(), WorkerError> {
+    if registry.flows.is_empty() {
+        return Err(WorkerError::EmptyRegistry {
+            queue: registry.queue.clone(),
+        });
+    }
+    for (i, flow) in registry.flows.iter().enumerate() {
+        if registry.flows[..i].iter().any(|f| f.slug == flow.slug) {
+            return Err(WorkerError::DuplicateFlow {
+                queue: registry.queue.clone(),
+                flow_slug: flow.slug.to_owned(),
+            });
+        }
+        if flow.served.is_empty() {
+            return Err(WorkerError::NotRoutedHere {
+                queue: registry.queue.clone(),
+                flow_slug: flow.slug.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every pair the queue can carry must be one this worker runs (`pgflow.queue_coverage_gaps`).
+async fn check_coverage(
+    pool: &PgPool,
+    queue: &str,
+    flow_slugs: &[&'static str],
+    step_slugs: &[&'static str],
+) -> Result<(), WorkerError> {
+    type Row = (String, String, String, i64, Value, String);
+    let rows: Vec<Row> = sqlx::query_as(statements::QUEUE_COVERAGE_GAPS)
+        .bind(queue)
+        .bind(flow_slugs)
+        .bind(step_slugs)
+        .fetch_all(pool)
+        .await
+        .during("checking the queue's coverage")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let gaps = rows
+        .into_iter()
+        .map(
+            |(flow_slug, step_slug, reason, count, examples, repair)| CoverageGap {
+                flow_slug,
+                step_slug,
+                reason: GapReason::parse(&reason),
+                count,
+                examples: examples
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                repair,
+            },
+        )
+        .collect();
+    Err(WorkerError::CoverageGap {
+        queue: queue.to_owned(),
+        gaps,
     })
 }
 
@@ -80,7 +186,7 @@ async fn verify_routes(pool: &PgPool, flow: &FlowEntry, queue: &str) -> Result<(
             flow_slug: flow.slug.to_owned(),
         });
     }
-    for step in &flow.steps {
+    for (step, _) in &flow.routes {
         if !rows.iter().any(|(slug, _)| slug == step) {
             return Err(WorkerError::StepMissing {
                 flow_slug: flow.slug.to_owned(),
@@ -88,32 +194,31 @@ async fn verify_routes(pool: &PgPool, flow: &FlowEntry, queue: &str) -> Result<(
             });
         }
     }
-    match flow.served_step {
-        None => {
-            let mut queues: Vec<String> = rows.into_iter().map(|(_, q)| q).collect();
-            queues.sort();
-            queues.dedup();
-            if queues != [queue] {
-                return Err(WorkerError::SeveralQueues {
-                    flow_slug: flow.slug.to_owned(),
-                    queues,
-                });
-            }
+    if flow.mode == QueueMode::Flow {
+        let mut queues: Vec<String> = rows.into_iter().map(|(_, q)| q).collect();
+        queues.sort();
+        queues.dedup();
+        if queues != [queue] {
+            return Err(WorkerError::SeveralQueues {
+                flow_slug: flow.slug.to_owned(),
+                queues,
+            });
         }
-        Some(step) => {
-            let persisted = rows
-                .into_iter()
-                .find(|(slug, _)| slug == step)
-                .map(|(_, q)| q)
-                .unwrap_or_default();
-            if persisted != queue {
-                return Err(WorkerError::QueueMismatch {
-                    flow_slug: flow.slug.to_owned(),
-                    step_slug: step.to_owned(),
-                    expected_queue: queue.to_owned(),
-                    persisted_queue: persisted,
-                });
-            }
+        return Ok(());
+    }
+    for step in &flow.served {
+        let persisted = rows
+            .iter()
+            .find(|(slug, _)| slug == step)
+            .map(|(_, q)| q.clone())
+            .unwrap_or_default();
+        if persisted != queue {
+            return Err(WorkerError::QueueMismatch {
+                flow_slug: flow.slug.to_owned(),
+                step_slug: (*step).to_owned(),
+                expected_queue: queue.to_owned(),
+                persisted_queue: persisted,
+            });
         }
     }
     Ok(())
@@ -154,23 +259,26 @@ async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerErr
     }
 }
 
+/// Compiles or verifies one deployment, activating `alias` (when given) once the version is persisted.
 async fn compile(
     pool: &PgPool,
     flow: &FlowEntry,
+    alias: Option<&'static str>,
     compilation: Compilation,
-) -> Result<CompileStatus, WorkerError> {
+) -> Result<(CompileStatus, AliasActivation), WorkerError> {
     let allow_data_loss = match compilation {
-        Compilation::Skip => return Ok(CompileStatus::Skipped),
+        Compilation::Skip => return Ok((CompileStatus::Skipped, AliasActivation::None)),
         Compilation::Verify => false,
         Compilation::AllowDataLoss => true,
     };
-    let (queue_mode, routes) = flow.routing.compile_arguments();
+    let (queue_mode, routes) = flow.compile_arguments();
     let result: Value = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
         .bind(flow.slug)
         .bind(&flow.shape)
         .bind(allow_data_loss)
         .bind(queue_mode)
         .bind(routes)
+        .bind(alias)
         .fetch_one(pool)
         .await
         .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
@@ -182,26 +290,56 @@ async fn compile(
                 .collect()
         })
         .unwrap_or_default();
-    match result["status"].as_str() {
-        Some("compiled") => Ok(CompileStatus::Compiled),
-        Some("verified") => Ok(CompileStatus::Verified),
+    let status = match result["status"].as_str() {
+        Some("compiled") => CompileStatus::Compiled,
+        Some("verified") => CompileStatus::Verified,
         Some("recompiled") => {
             tracing::warn!(
                 flow = flow.slug,
                 differences = ?differences,
                 "flow recompiled: its previous definition and every run of it were deleted"
             );
-            Ok(CompileStatus::Recompiled)
+            CompileStatus::Recompiled
         }
-        Some("mismatch") => Err(WorkerError::ShapeMismatch {
-            flow_slug: flow.slug.to_owned(),
-            differences,
-        }),
-        other => Err(WorkerError::UnexpectedResult {
-            during: "compiling the flow",
-            result: format!("ensure_flow_compiled status {other:?}"),
-        }),
-    }
+        Some("mismatch") => {
+            return Err(WorkerError::ShapeMismatch {
+                flow_slug: flow.slug.to_owned(),
+                differences,
+            })
+        }
+        other => {
+            return Err(WorkerError::UnexpectedResult {
+                during: "compiling the flow",
+                result: format!("ensure_flow_compiled status {other:?}"),
+            })
+        }
+    };
+    let Some(alias) = alias else {
+        return Ok((status, AliasActivation::None));
+    };
+    let activation = match result["alias"]["activated"].as_bool() {
+        Some(true) => {
+            let previous_flow_slug = result["alias"]["previous_flow_slug"]
+                .as_str()
+                .map(str::to_owned);
+            tracing::info!(alias, flow = flow.slug, previous = ?previous_flow_slug,
+                "alias activated: new runs of the alias start this version");
+            AliasActivation::Activated {
+                alias: alias.to_owned(),
+                previous_flow_slug,
+            }
+        }
+        Some(false) => AliasActivation::AlreadyActive {
+            alias: alias.to_owned(),
+        },
+        None => {
+            return Err(WorkerError::UnexpectedResult {
+                during: "activating the alias",
+                result: format!("ensure_flow_compiled alias {}", result["alias"]),
+            })
+        }
+    };
+    Ok((status, activation))
 }
 
 /// Startup visibility of missing step workers: routes with queued work and no live worker.
