@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 pub use pgflow_sql::throwaway::{Contents, FreshDatabase as TestDb};
 
+pub mod deployed;
 pub mod state;
 
 /// The generous limit of bounded waits on work a worker or the database does in the background.

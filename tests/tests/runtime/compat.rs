@@ -1,6 +1,8 @@
 //! Compatibility: runs started by hand in SQL, shape verification, mismatches, schema checks.
 
-use pgflow_runtime::{flow, Compilation, CompileStatus, Flow, StepError, Worker, WorkerError};
+use pgflow_runtime::{
+    flow, AliasActivation, Client, Compilation, CompileStatus, Flow, StepError, Worker, WorkerError,
+};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -189,4 +191,102 @@ async fn a_foreign_message_in_a_plain_flow_queue_stops_the_worker_without_mutati
             .await
             .unwrap();
     assert_eq!(hidden, 0, "the whole batch is visible again");
+}
+
+/// A plain worker is a one-deployment registry: its flow is the default deployment (no alias, every step on
+/// the flow's queue), started by its concrete slug with no alias row involved.
+#[tokio::test]
+async fn a_plain_flow_started_by_its_concrete_slug_runs_with_no_alias_row_involved() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<original::Original>(pool).await;
+    let status = &worker.deployments()[0];
+    assert_eq!(worker.deployments().len(), 1);
+    assert_eq!(status.flow_slug, "compatFlow");
+    assert_eq!(status.steps, ["upper", "exclaim"]);
+    assert_eq!(status.compile_status, CompileStatus::Compiled);
+    assert_eq!(status.alias, AliasActivation::None);
+    assert_eq!(
+        support::registered_pairs(pool, worker.id()).await,
+        [
+            ("compatFlow".to_owned(), "exclaim".to_owned()),
+            ("compatFlow".to_owned(), "upper".to_owned()),
+        ]
+    );
+    let run = Client::new(pool.clone())
+        .start::<original::Original>(&"hi".to_owned())
+        .await
+        .unwrap();
+    assert_eq!(run.flow_slug(), "compatFlow");
+    assert_eq!(run.wait(support::LIMIT).await.unwrap().exclaim, "HI!");
+    let (aliases, mode): (i64, String) = sqlx::query_as(
+        "select (select count(*) from pgflow.flow_aliases), \
+                (select queue_mode from pgflow.flows where flow_slug = 'compatFlow')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((aliases, mode.as_str()), (0, "flow"));
+    let report = worker.stop().await;
+    assert_eq!(report.compile_status, CompileStatus::Compiled);
+    assert_eq!(report.completed, 2);
+}
+
+#[flow(slug = "trimmedFlow", input = String)]
+mod full {
+    use super::*;
+
+    #[step]
+    async fn first(s: String) -> Result<String, StepError> {
+        Ok(s)
+    }
+
+    #[step(depends_on = [first])]
+    async fn second(first: String) -> Result<String, StepError> {
+        Ok(first)
+    }
+}
+
+#[flow(slug = "trimmedFlow", input = String)]
+mod trimmed {
+    use super::*;
+
+    #[step]
+    async fn first(s: String) -> Result<String, StepError> {
+        Ok(s)
+    }
+}
+
+/// The startup coverage check applies to plain workers too: a build that lacks a step the queue still
+/// carries work for refuses to start (instead of stopping on that step's first message).
+#[tokio::test]
+async fn a_plain_worker_whose_build_lacks_a_step_with_work_in_flight_refuses_to_start_and_registers_nothing(
+) {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    support::compile::<full::Full>(pool).await;
+    let run_id = pgflow_tests::state::start(pool, "trimmedFlow", json!("x")).await;
+    let worker = support::fast(Worker::<trimmed::Trimmed>::builder(pool.clone()))
+        .compilation(Compilation::Skip)
+        .build()
+        .unwrap();
+    let id = worker.id();
+    let err = worker.run(CancellationToken::new()).await.unwrap_err();
+    let WorkerError::CoverageGap { queue, gaps } = &err else {
+        panic!("expected a coverage gap, got {err}");
+    };
+    assert_eq!(queue, "trimmedflow");
+    assert_eq!(
+        gaps.iter()
+            .map(|g| (
+                g.flow_slug.as_str(),
+                g.step_slug.as_str(),
+                g.reason.as_str()
+            ))
+            .collect::<Vec<_>>(),
+        [("trimmedFlow", "second", "started_run")],
+        "{err}"
+    );
+    assert!(!support::is_registered(pool, id).await);
+    assert_eq!(support::task(pool, run_id, "first", 0).await.0, "queued");
 }

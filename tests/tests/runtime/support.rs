@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use pgflow_runtime::{Flow, Worker, WorkerBuilder, WorkerHandle, WorkerReport};
+use pgflow_runtime::{
+    DeploymentStatus, Flow, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
+};
 pub(crate) use pgflow_tests::state::{
     active_tasks, run_output, run_status, step_status, task, wait_finished,
 };
@@ -14,7 +16,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 /// Settings that keep tests fast.
-pub(crate) fn fast<F: Flow>(b: WorkerBuilder<F>) -> WorkerBuilder<F> {
+pub(crate) fn fast<K>(b: WorkerBuilder<K>) -> WorkerBuilder<K> {
     b.poll_interval(Duration::from_millis(10))
         .max_poll_wait(Duration::from_millis(50))
         .heartbeat_interval(Duration::from_millis(100))
@@ -29,12 +31,29 @@ pub(crate) fn fast<F: Flow>(b: WorkerBuilder<F>) -> WorkerBuilder<F> {
 pub(crate) struct Running(WorkerHandle);
 
 impl Running {
+    /// The worker id.
+    pub(crate) fn id(&self) -> uuid::Uuid {
+        self.0.id()
+    }
+
+    /// What startup did with each deployment.
+    pub(crate) fn deployments(&self) -> &[DeploymentStatus] {
+        self.0.deployments()
+    }
+
     /// Requests shutdown and waits for the report.
     pub(crate) async fn stop(self) -> WorkerReport {
         tokio::time::timeout(LIMIT, self.0.stop())
             .await
             .expect("worker stops in time")
             .expect("worker result")
+    }
+
+    /// Waits until the worker stops on its own, with its error if it stopped on one.
+    pub(crate) async fn outcome(self) -> Result<WorkerReport, WorkerError> {
+        tokio::time::timeout(LIMIT, self.0.join())
+            .await
+            .expect("worker stops in time")
     }
 
     /// Waits until the worker stops on its own.
@@ -52,7 +71,7 @@ pub(crate) async fn spawn<F: Flow>(pool: &PgPool) -> Running {
 }
 
 /// Starts a configured worker.
-pub(crate) async fn spawn_with<F: Flow>(builder: WorkerBuilder<F>) -> Running {
+pub(crate) async fn spawn_with<K>(builder: WorkerBuilder<K>) -> Running {
     let worker = builder.build().expect("valid config");
     Running(
         worker
@@ -85,4 +104,34 @@ pub(crate) async fn compile<F: Flow>(pool: &PgPool) {
             .await
             .unwrap();
     assert_ne!(result["status"], "mismatch", "{result}");
+}
+
+/// The (flow, step) pairs a worker registered (`pgflow.worker_routes`), sorted.
+pub(crate) async fn registered_pairs(pool: &PgPool, worker: uuid::Uuid) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "select flow_slug, step_slug from pgflow.worker_routes where worker_id = $1 \
+         order by flow_slug, step_slug",
+    )
+    .bind(worker)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Whether a `pgflow.workers` row exists for the worker.
+pub(crate) async fn is_registered(pool: &PgPool, worker: uuid::Uuid) -> bool {
+    sqlx::query_scalar("select exists (select 1 from pgflow.workers where worker_id = $1)")
+        .bind(worker)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The concrete slug an alias points at, if it exists.
+pub(crate) async fn alias_target(pool: &PgPool, alias: &str) -> Option<String> {
+    sqlx::query_scalar("select flow_slug from pgflow.flow_aliases where alias = $1")
+        .bind(alias)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
 }

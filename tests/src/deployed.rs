@@ -1,0 +1,141 @@
+//! Deployed flows shared by the runtime tests and the `zero_config_worker` binary: two versions of the
+//! community-threads pipeline behind one alias, each step on a named queue, and a per-step-queued flow.
+//!
+//! `classify` runs on the shared queue `classify_threads` and `deliverSlack` on `deliver_alerts`, in both
+//! versions. Every handler's output names the version that ran it, so a test can tell V1 and V2 apart.
+
+use pgflow_runtime::{Deployment, Queue, RoutesTo, Routing};
+use serde::{Deserialize, Serialize};
+
+/// A community thread.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Thread {
+    /// Its text.
+    pub text: String,
+}
+
+/// What `classify` decided, and which version decided it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Label {
+    /// `help` for a question, `chat` otherwise.
+    pub route: String,
+    /// The version of the handler that ran.
+    pub version: String,
+}
+
+fn label(thread: &Thread, version: &str) -> Label {
+    let route = if thread.text.contains('?') {
+        "help"
+    } else {
+        "chat"
+    };
+    Label {
+        route: route.to_owned(),
+        version: version.to_owned(),
+    }
+}
+
+/// Version 1.
+#[pgflow_runtime::flow(slug = "communityThreadsV1", input = Thread)]
+pub mod threads_v1 {
+    use super::{label, Label, Thread};
+    use pgflow_runtime::StepError;
+
+    /// Labels the thread (V1).
+    #[step]
+    async fn classify(thread: Thread) -> Result<Label, StepError> {
+        Ok(label(&thread, "v1"))
+    }
+
+    /// Delivers the label (V1).
+    #[step(depends_on = [classify], slug = "deliverSlack")]
+    async fn deliver_slack(classify: Label) -> Result<String, StepError> {
+        Ok(format!(
+            "v1 delivered {} (classified by {})",
+            classify.route, classify.version
+        ))
+    }
+}
+
+/// Version 2: same shape, new handlers.
+#[pgflow_runtime::flow(slug = "communityThreadsV2", input = Thread)]
+pub mod threads_v2 {
+    use super::{label, Label, Thread};
+    use pgflow_runtime::StepError;
+
+    /// Labels the thread (V2).
+    #[step]
+    async fn classify(thread: Thread) -> Result<Label, StepError> {
+        Ok(label(&thread, "v2"))
+    }
+
+    /// Delivers the label (V2).
+    #[step(depends_on = [classify], slug = "deliverSlack")]
+    async fn deliver_slack(classify: Label) -> Result<String, StepError> {
+        Ok(format!(
+            "v2 delivered {} (classified by {})",
+            classify.route, classify.version
+        ))
+    }
+}
+
+/// The shared queue of `classify`.
+#[derive(Debug)]
+pub struct ClassifyThreads;
+impl Queue for ClassifyThreads {
+    const NAME: &'static str = "classify_threads";
+}
+
+/// The shared queue of `deliverSlack`.
+#[derive(Debug)]
+pub struct DeliverAlerts;
+impl Queue for DeliverAlerts {
+    const NAME: &'static str = "deliver_alerts";
+}
+
+/// The alias producers start.
+pub const ALIAS: &str = "communityThreads";
+
+/// V1 behind [`ALIAS`]: `classify` on `classify_threads`, `deliverSlack` on `deliver_alerts`.
+#[derive(Debug)]
+pub struct CommunityV1;
+impl Deployment for CommunityV1 {
+    type Flow = threads_v1::ThreadsV1;
+    const ALIAS: Option<&'static str> = Some(ALIAS);
+    fn routing() -> Routing<threads_v1::Step> {
+        Routing::Named(|step| match step {
+            threads_v1::Step::Classify => ClassifyThreads::NAME,
+            threads_v1::Step::DeliverSlack => DeliverAlerts::NAME,
+        })
+    }
+}
+impl RoutesTo<ClassifyThreads> for CommunityV1 {}
+impl RoutesTo<DeliverAlerts> for CommunityV1 {}
+
+/// V2 behind [`ALIAS`], routed like V1.
+#[derive(Debug)]
+pub struct CommunityV2;
+impl Deployment for CommunityV2 {
+    type Flow = threads_v2::ThreadsV2;
+    const ALIAS: Option<&'static str> = Some(ALIAS);
+    fn routing() -> Routing<threads_v2::Step> {
+        Routing::Named(|step| match step {
+            threads_v2::Step::Classify => ClassifyThreads::NAME,
+            threads_v2::Step::DeliverSlack => DeliverAlerts::NAME,
+        })
+    }
+}
+impl RoutesTo<ClassifyThreads> for CommunityV2 {}
+impl RoutesTo<DeliverAlerts> for CommunityV2 {}
+
+/// A flow deployed with one private queue per step, for the zero-configuration step worker.
+#[pgflow_runtime::flow(slug = "zeroConfigSteps", input = i64, step_queues)]
+pub mod zero_config_steps {
+    use pgflow_runtime::StepError;
+
+    /// Doubles.
+    #[step]
+    async fn double(n: i64) -> Result<i64, StepError> {
+        Ok(n * 2)
+    }
+}
