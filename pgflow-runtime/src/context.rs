@@ -41,7 +41,7 @@ impl<F: Flow> StepContext<F> {
     /// fresh cancellation token, and a flow input fetched from the database when a handler asks for it.
     ///
     /// The worker builds every handler's context this way; calling a flow's handlers directly (through
-    /// [`Flow::dispatch`](crate::Flow::dispatch), in a unit test for example) works the same. A pool
+    /// [`Flow::dispatch`], in a unit test for example) works the same. A pool
     /// that never connects (`PgPoolOptions::new().connect_lazy(..)`) is enough while no handler uses it.
     pub fn new(run_id: Uuid, step: F::Step, pool: PgPool) -> Self {
         StepContext {

@@ -3,7 +3,9 @@
 //! Define a flow with [`#[flow]`](macro@flow) on an inline module; the macro generates the flow
 //! type (implementing [`Flow`]), the step enum (implementing [`FlowStep`]), the shape and the
 //! dispatch code. [`StepQueued`] deploys a flow with one queue per step; the flow opts in with
-//! `step_queues` in its `#[flow(...)]`.
+//! `step_queues` in its `#[flow(...)]`. A [`Deployment`] gives one concrete version a stable alias and
+//! routes its steps to declared [`Queue`]s, which several flows and versions may share; a [`QueueWorker`]
+//! runs every deployment it serves on its queue, and [`Client::start_deployed`] starts runs by alias.
 //!
 //! ```
 //! use pgflow_runtime::{flow, Flow, FlowStep, StepContext, StepError, StepQueued};

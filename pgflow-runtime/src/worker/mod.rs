@@ -1,6 +1,6 @@
 //! Workers: [`Worker`] runs every step of a flow from its queue; a step worker (from
 //! [`StepQueued::worker`](crate::StepQueued::worker)) runs one step from its private queue; a
-//! [`QueueWorker`] polls one declared [`Queue`](crate::Queue) and runs the steps that several deployments
+//! [`QueueWorker`] polls one declared [`Queue`] and runs the steps that several deployments
 //! route there.
 //!
 //! Inside, every worker is one queue and a registry of deployments it serves there (`registry`); startup
