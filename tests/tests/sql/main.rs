@@ -11,6 +11,7 @@ mod conditions;
 mod coverage;
 mod deployments;
 mod events;
+mod exchange;
 mod fencing;
 mod flow_shapes;
 mod hardening;
