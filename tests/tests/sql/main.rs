@@ -3,6 +3,7 @@
 //! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
 
 mod bad_input;
+mod batch_completion;
 mod claims;
 mod compile;
 mod concurrency;
@@ -10,6 +11,7 @@ mod conditions;
 mod coverage;
 mod deployments;
 mod events;
+mod exchange;
 mod fencing;
 mod flow_shapes;
 mod hardening;

@@ -1,0 +1,178 @@
+//! One round trip per worker cycle (pgflow.exchange: record outputs, then claim, in one transaction), and the
+//! queue signals that wake idle workers without making senders wait for each other.
+
+use std::time::Duration;
+
+use crate::step_support::*;
+use crate::support::*;
+use pgflow_tests::test_db;
+use serde_json::json;
+use sqlx::postgres::{PgListener, PgRow};
+use sqlx::{Connection, PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+/// diamond: a -> (b, c) -> d.
+async fn setup(pool: &PgPool) -> Uuid {
+    compile(
+        pool,
+        "dia",
+        &shape(vec![
+            step("a", &[]),
+            step("b", &["a"]),
+            step("c", &["a"]),
+            step("d", &["b", "c"]),
+        ]),
+        "flow",
+    )
+    .await;
+    let worker = Uuid::new_v4();
+    register(pool, worker, "dia", "dia", "dia", None).await;
+    worker
+}
+
+/// One exchange: the completions (run, step, index, attempt, output) and a claim of `qty`.
+async fn exchange(
+    pool: &PgPool,
+    worker: Uuid,
+    done: &[(Uuid, &str, i32, i32, serde_json::Value)],
+    qty: i32,
+) -> Vec<PgRow> {
+    let runs: Vec<Uuid> = done.iter().map(|d| d.0).collect();
+    let steps: Vec<&str> = done.iter().map(|d| d.1).collect();
+    let indexes: Vec<i32> = done.iter().map(|d| d.2).collect();
+    let attempts: Vec<i32> = done.iter().map(|d| d.3).collect();
+    let outputs: Vec<&serde_json::Value> = done.iter().map(|d| &d.4).collect();
+    sqlx::query(
+        "select * from pgflow.exchange(queue_name => 'dia', worker_id => $1,
+           flow_slugs => array['dia', 'dia', 'dia', 'dia'], step_slugs => array['a', 'b', 'c', 'd'],
+           qty => $2, vt => 30, run_ids => $3, done_step_slugs => $4, task_indexes => $5, outputs => $6,
+           attempts => $7)",
+    )
+    .bind(worker)
+    .bind(qty)
+    .bind(&runs)
+    .bind(&steps)
+    .bind(&indexes)
+    .bind(&outputs)
+    .bind(&attempts)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn outcomes(rows: &[PgRow]) -> Vec<(String, Option<String>)> {
+    rows.iter()
+        .map(|r| (r.get("outcome"), r.get("step_slug")))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_exchange_records_outputs_and_claims_the_steps_they_made_ready_in_one_call() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "dia", json!({})).await;
+
+    let first = exchange(pool, worker, &[], 4).await;
+    assert_eq!(outcomes(&first), [("claimed".into(), Some("a".into()))]);
+
+    // Completing `a` makes b and c ready; the same call claims both, no poll in between.
+    let second = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 4).await;
+    assert_eq!(
+        outcomes(&second),
+        [
+            ("applied".into(), Some("a".into())),
+            ("claimed".into(), Some("b".into())),
+            ("claimed".into(), Some("c".into()))
+        ]
+    );
+    assert_eq!(
+        second[1].get::<serde_json::Value, _>("input"),
+        json!({"a": "A"})
+    );
+
+    let third = exchange(
+        pool,
+        worker,
+        &[(run, "b", 0, 1, json!("B")), (run, "c", 0, 1, json!("C"))],
+        4,
+    )
+    .await;
+    assert_eq!(
+        outcomes(&third),
+        [
+            ("applied".into(), Some("b".into())),
+            ("applied".into(), Some("c".into())),
+            ("claimed".into(), Some("d".into()))
+        ]
+    );
+    // A stale result in an exchange changes nothing; a result without claiming is fine too.
+    let last = exchange(
+        pool,
+        worker,
+        &[
+            (run, "b", 0, 1, json!("late")),
+            (run, "d", 0, 1, json!("D")),
+        ],
+        0,
+    )
+    .await;
+    assert_eq!(
+        outcomes(&last),
+        [
+            ("stale".into(), Some("b".into())),
+            ("applied".into(), Some("d".into()))
+        ]
+    );
+    assert_eq!(run_status(pool, run).await, "completed");
+    assert_eq!(run_output(pool, run).await, Some(json!({"d": "D"})));
+}
+
+#[tokio::test]
+async fn an_unsupported_claim_in_an_exchange_still_records_the_outputs() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "dia", json!({})).await;
+    exchange(pool, worker, &[], 1).await;
+    exec(pool, "select pgmq.send('dia', '{\"foreign\": true}')").await;
+    let rows = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 10).await;
+    let got = outcomes(&rows);
+    assert_eq!(got[0], ("applied".into(), Some("a".into())));
+    assert_eq!(got.last().unwrap().0, "unsupported");
+    assert_eq!(step_status(pool, run, "a").await, "completed");
+    assert_eq!(task_statuses(pool, run, "b").await, ["queued"]);
+}
+
+#[tokio::test]
+async fn new_tasks_signal_their_queue_without_making_senders_wait_for_each_other() {
+    let db = test_db().await;
+    let pool = db.pool();
+    setup(pool).await;
+    let mut listener = PgListener::connect_with(pool).await.unwrap();
+    listener.listen("pgflow_queue_signal").await.unwrap();
+    start(pool, "dia", json!({})).await;
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a queue signal")
+        .unwrap();
+    assert_eq!(note.payload(), "dia");
+
+    // A transaction that signalled holds the queue's signal row until it commits; another sender skips the
+    // signal instead of waiting for it.
+    sqlx::query("update pgflow.queue_signals set signaled_at = '-infinity'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut a = PgConnection::connect_with(&db.options()).await.unwrap();
+    sqlx::query("begin").execute(&mut a).await.unwrap();
+    sqlx::query("select pgflow.start_flow('dia', '{}')")
+        .execute(&mut a)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), start(pool, "dia", json!({})))
+        .await
+        .expect("the second sender does not wait for the first");
+    sqlx::query("commit").execute(&mut a).await.unwrap();
+    assert_eq!(live_messages(pool, "dia").await, 3);
+}
