@@ -317,3 +317,34 @@ async fn a_visible_message_of_a_started_task_never_stops_a_healthy_step_worker()
     let report = worker.stop().await;
     assert_eq!(report.stop_reason, pgflow_runtime::StopReason::Shutdown);
 }
+
+#[tokio::test]
+async fn a_step_worker_is_a_one_deployment_registry_serving_only_its_step_with_no_alias() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = step_worker(pool, Step::DeliverSlack).await;
+    let status = &worker.deployments()[0];
+    assert_eq!(worker.deployments().len(), 1);
+    assert_eq!(
+        (status.flow_slug.as_str(), status.steps.as_slice()),
+        ("communityV1", ["deliverSlack".to_owned()].as_slice())
+    );
+    assert_eq!(
+        status.compile_status,
+        pgflow_runtime::CompileStatus::Compiled
+    );
+    assert_eq!(status.alias, pgflow_runtime::AliasActivation::None);
+    assert_eq!(
+        support::registered_pairs(pool, worker.id()).await,
+        [("communityV1".to_owned(), "deliverSlack".to_owned())]
+    );
+    let (mode, aliases): (String, i64) = sqlx::query_as(
+        "select (select queue_mode from pgflow.flows where flow_slug = 'communityV1'), \
+                (select count(*) from pgflow.flow_aliases)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!((mode.as_str(), aliases), ("step", 0));
+    worker.stop().await;
+}
