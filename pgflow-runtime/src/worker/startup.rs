@@ -33,6 +33,7 @@ pub(crate) async fn prepare(
 
     let mut deployments = Vec::with_capacity(registry.flows.len());
     for (i, flow) in registry.flows.iter().enumerate() {
+        // Of the deployments sharing an alias, the one served last activates it.
         let superseded_by = flow.alias.and_then(|alias| {
             registry.flows[i + 1..]
                 .iter()
@@ -40,11 +41,7 @@ pub(crate) async fn prepare(
                 .find(|later| later.alias == Some(alias))
                 .map(|later| later.slug)
         });
-        let activate = if superseded_by.is_none() {
-            flow.alias
-        } else {
-            None
-        };
+        let activate = flow.alias.filter(|_| superseded_by.is_none());
         let (compile_status, activation) =
             compile(pool, flow, activate, config.compilation).await?;
         verify_routes(pool, flow, &registry.queue).await?;
