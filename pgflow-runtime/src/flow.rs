@@ -13,7 +13,7 @@ use crate::error::StepError;
 
 /// A compile-time typed flow: what the runtime needs to compile, verify and execute it.
 ///
-/// Implemented by [`#[flow]`](crate::flow) for the generated flow type (for `mod community`,
+/// Implemented by [`#[flow]`](macro@crate::flow) for the generated flow type (for `mod community`,
 /// `community::Community`). Implementing it by hand is possible but loses every compile-time
 /// check; the shape must then match what `pgflow._get_flow_shape` returns.
 #[diagnostic::on_unimplemented(
