@@ -13,7 +13,7 @@ use crate::error::StepError;
 
 /// A compile-time typed flow: what the runtime needs to compile, verify and execute it.
 ///
-/// Implemented by [`#[flow]`](crate::flow) for the generated flow type (for `mod community`,
+/// Implemented by [`#[flow]`](macro@crate::flow) for the generated flow type (for `mod community`,
 /// `community::Community`). Implementing it by hand is possible but loses every compile-time
 /// check; the shape must then match what `pgflow._get_flow_shape` returns.
 #[diagnostic::on_unimplemented(
@@ -101,6 +101,12 @@ impl StepKind {
 pub trait FlowStep:
     Copy + Eq + Hash + Debug + Display + FromStr<Err = UnknownStep> + Send + Sync + 'static
 {
+    /// The flow whose steps these are (for `community::Step`, `community::Community`).
+    ///
+    /// A step enum names its flow, so a route map written over the step enum (`#[deployment]`)
+    /// knows which flow it deploys.
+    type Flow: Flow<Step = Self>;
+
     /// Every step, in step-index order.
     const ALL: &'static [Self];
 
