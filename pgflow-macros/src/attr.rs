@@ -1,7 +1,8 @@
-//! Parsing of the `#[flow(...)]` and `#[step(...)]` arguments into typed slots. Errors are collected.
+//! Parsing of the `#[flow(...)]`, `#[step(...)]`, `#[queue(...)]` and `#[deployment(...)]` arguments
+//! into typed slots. Errors are collected.
 //!
-//! Each attribute has one table of options ([`FLOW_OPTIONS`], [`STEP_OPTIONS`]): the key, how it is
-//! written, and which slot its value goes to. The same table drives parsing and the list of keys in
+//! Each attribute has one table of options ([`FLOW_OPTIONS`], [`STEP_OPTIONS`], [`QUEUE_OPTIONS`],
+//! [`DEPLOYMENT_OPTIONS`]): the key, how it is written, and which slot its value goes to. The same table drives parsing and the list of keys in
 //! the unknown-option error. Each slot ([`Attr`]) reports its own duplicate.
 
 use proc_macro2::{Span, TokenStream};
@@ -112,6 +113,22 @@ pub(crate) struct StepAttr {
     pub(crate) options: RunOptions,
 }
 
+/// The arguments of `#[queue("name", ...)]`.
+#[derive(Default)]
+pub(crate) struct QueueAttr {
+    /// The queue name, the first argument; `None` when it is missing (already reported).
+    pub(crate) name: Option<LitStr>,
+    pub(crate) krate: Attr<Path>,
+}
+
+/// The arguments of `#[deployment(...)]`.
+#[derive(Default)]
+pub(crate) struct DeploymentAttr {
+    pub(crate) alias: Attr<LitStr>,
+    pub(crate) name: Attr<Ident>,
+    pub(crate) krate: Attr<Path>,
+}
+
 /// How an option is written, with the function that parses its value into the attribute.
 enum Form<A> {
     /// `key = value`.
@@ -212,6 +229,28 @@ const STEP_OPTIONS: &[Opt<StepAttr>] = &[
     },
 ];
 
+/// Every `#[queue("name", ...)]` option after the name.
+const QUEUE_OPTIONS: &[Opt<QueueAttr>] = &[Opt {
+    key: "crate",
+    form: Form::Value(|a, k, v| a.krate.set(k, v.parse::<LitStr>()?.parse()?)),
+}];
+
+/// Every `#[deployment(...)]` option, in the order the unknown-option error lists them.
+const DEPLOYMENT_OPTIONS: &[Opt<DeploymentAttr>] = &[
+    Opt {
+        key: "alias",
+        form: Form::Value(|a, k, v| a.alias.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "name",
+        form: Form::Value(|a, k, v| a.name.set(k, v.parse()?)),
+    },
+    Opt {
+        key: "crate",
+        form: Form::Value(|a, k, v| a.krate.set(k, v.parse::<LitStr>()?.parse()?)),
+    },
+];
+
 /// Parses `#[flow(...)]` arguments.
 pub(crate) fn parse_flow_attr(cx: &Ctxt, tokens: TokenStream) -> FlowAttr {
     parse_options(cx, tokens, FLOW_OPTIONS, "flow")
@@ -222,31 +261,74 @@ pub(crate) fn parse_step_attr(cx: &Ctxt, tokens: TokenStream) -> StepAttr {
     parse_options(cx, tokens, STEP_OPTIONS, "step")
 }
 
-/// Reads `key [= value], ...` against `table`. A bad option is recorded and skipped up to the
-/// next comma, so every mistake of one attribute is reported.
-fn parse_options<A: Default>(cx: &Ctxt, tokens: TokenStream, table: &[Opt<A>], what: &str) -> A {
-    let mut attr = A::default();
+/// Parses `#[deployment(...)]` arguments.
+pub(crate) fn parse_deployment_attr(cx: &Ctxt, tokens: TokenStream) -> DeploymentAttr {
+    parse_options(cx, tokens, DEPLOYMENT_OPTIONS, "deployment")
+}
+
+/// Parses `#[queue("name")]` / `#[queue("name", crate = "..")]` arguments: the name first, as a
+/// string literal, then the options.
+pub(crate) fn parse_queue_attr(cx: &Ctxt, tokens: TokenStream) -> QueueAttr {
+    let mut attr = QueueAttr::default();
     let parser = |input: ParseStream<'_>| -> syn::Result<()> {
-        while !input.is_empty() {
-            if let Err(e) = parse_one(&mut attr, input, table, what) {
-                cx.push(e);
-                skip_to_comma(input);
-            }
+        if input.peek(LitStr) {
+            attr.name = Some(input.parse()?);
             if input.is_empty() {
-                break;
+                return Ok(());
             }
-            if let Err(e) = input.parse::<Token![,]>() {
-                cx.push(e);
-                skip_to_comma(input);
-                let _ = input.parse::<Option<Token![,]>>();
-            }
+            input.parse::<Token![,]>()?;
+        } else {
+            let span = if input.is_empty() {
+                Span::call_site()
+            } else {
+                input.span()
+            };
+            cx.error(
+                span,
+                "`#[queue]` takes the queue name first, as a string literal: `#[queue(\"classify_threads\")]`",
+            );
+            input.parse::<TokenStream>()?;
+            return Ok(());
         }
+        options_in(cx, &mut attr, input, QUEUE_OPTIONS, "queue");
         Ok(())
     };
     if let Err(e) = parser.parse2(tokens) {
         cx.push(e);
     }
     attr
+}
+
+/// Reads `key [= value], ...` against `table`. A bad option is recorded and skipped up to the
+/// next comma, so every mistake of one attribute is reported.
+fn parse_options<A: Default>(cx: &Ctxt, tokens: TokenStream, table: &[Opt<A>], what: &str) -> A {
+    let mut attr = A::default();
+    let parser = |input: ParseStream<'_>| -> syn::Result<()> {
+        options_in(cx, &mut attr, input, table, what);
+        Ok(())
+    };
+    if let Err(e) = parser.parse2(tokens) {
+        cx.push(e);
+    }
+    attr
+}
+
+/// The loop of [`parse_options`], on a stream that may have had a positional argument read first.
+fn options_in<A>(cx: &Ctxt, attr: &mut A, input: ParseStream<'_>, table: &[Opt<A>], what: &str) {
+    while !input.is_empty() {
+        if let Err(e) = parse_one(attr, input, table, what) {
+            cx.push(e);
+            skip_to_comma(input);
+        }
+        if input.is_empty() {
+            break;
+        }
+        if let Err(e) = input.parse::<Token![,]>() {
+            cx.push(e);
+            skip_to_comma(input);
+            let _ = input.parse::<Option<Token![,]>>();
+        }
+    }
 }
 
 fn parse_one<A>(

@@ -20,6 +20,11 @@ impl Ctxt {
         self.push(syn::Error::new(span, msg));
     }
 
+    /// An error over every token of `tokens` (first to last).
+    pub(crate) fn spanned(&self, tokens: impl quote::ToTokens, msg: impl Display) {
+        self.push(syn::Error::new_spanned(tokens, msg));
+    }
+
     pub(crate) fn has_errors(&self) -> bool {
         !self.errors.borrow().is_empty()
     }

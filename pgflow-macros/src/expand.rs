@@ -1,5 +1,5 @@
-//! Emits the flow type, the step enum, the run output, dispatch, the per-step routes and the
-//! spanned type checks of a flow that passed every check.
+//! Emits the flow type, the step enum, the run output, dispatch, the default deployment, the
+//! per-step routes and the spanned type checks of a flow that passed every check.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
@@ -70,6 +70,7 @@ pub(crate) fn common_items(flow: &Flow) -> (Vec<TokenStream>, TokenStream) {
         }
 
         impl #p::FlowStep for Step {
+            type Flow = #ident;
             const ALL: &'static [Self] = Step::ALL;
             fn slug(self) -> &'static str { Step::slug(self) }
             fn index(self) -> usize { Step::index(self) }
@@ -126,6 +127,21 @@ pub(crate) fn common_items(flow: &Flow) -> (Vec<TokenStream>, TokenStream) {
         #vis use #mod_ident::__pgflow_flow_type::*;
     };
     (vec![flow_struct, step_enum, reexport_mod], reexport)
+}
+
+/// The flow's default deployment: no alias, every step on the flow's single queue. Emitted for
+/// valid flows and by the fallback, so code that deploys the flow keeps compiling either way.
+pub(crate) fn default_deployment(flow: &Flow) -> TokenStream {
+    let p = private(flow);
+    let ident = &flow.ident;
+    let mod_ident = &flow.module.ident;
+    quote! {
+        impl #p::Deployment for #mod_ident::#ident {
+            type Flow = Self;
+            const ALIAS: ::core::option::Option<&'static str> = ::core::option::Option::None;
+            fn routing() -> #p::Routing<#mod_ident::Step> { #p::Routing::FlowQueue }
+        }
+    }
 }
 
 /// Appends generated items to the module's body.
@@ -220,9 +236,11 @@ pub(crate) fn expand(flow: &Flow) -> TokenStream {
     let shape_json = shape(flow).to_string();
     let routes = routes(flow, &p);
     let input = input_type(flow);
+    let deployment = default_deployment(flow);
     quote! {
         #module
         #reexport
+        #deployment
         impl #p::Flow for #mod_ident::#ident {
             const SLUG: &'static str = #slug;
             type Input = #input;

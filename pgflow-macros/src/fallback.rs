@@ -1,7 +1,7 @@
 //! The expansion of a flow with errors: just enough for the rest of the crate to keep compiling.
 //!
-//! The module, the flow type, the step enum and the `Flow` impl (and `StepQueueRoutes` when the flow
-//! asked for per-step queues) are still emitted, so code that names them reports no follow-on
+//! The module, the flow type, the step enum, the `Flow` and `Deployment` impls (and `StepQueueRoutes`
+//! when the flow asked for per-step queues) are still emitted, so code that names them reports no follow-on
 //! errors and IDEs can still read them. Nothing here can run: the flow's errors stop the build.
 
 use proc_macro2::TokenStream;
@@ -9,7 +9,7 @@ use quote::quote;
 use syn::Item;
 
 use crate::ast::Flow;
-use crate::expand::{common_items, input_type, private, push_items};
+use crate::expand::{common_items, default_deployment, input_type, private, push_items};
 
 /// Everything that replaces the `#[flow]` module of a flow with errors.
 pub(crate) fn expand(flow: &Flow) -> TokenStream {
@@ -38,9 +38,11 @@ pub(crate) fn expand(flow: &Flow) -> TokenStream {
             }
         }
     });
+    let deployment = default_deployment(flow);
     quote! {
         #module
         #reexport
+        #deployment
         impl #p::Flow for #mod_ident::#ident {
             const SLUG: &'static str = #slug;
             type Input = #input;

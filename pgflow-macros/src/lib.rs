@@ -1,9 +1,10 @@
 //! Procedural macros for pgflow-rs. Use them through `pgflow_runtime`, which re-exports them.
 //!
-//! Layout: `attr` and `pattern` parse the arguments, `ast` reads the module (one item per step,
-//! its attributes and handler together) and strips `#[step]`, `check` runs one function per rule
-//! and resolves what the expansion needs, `expand` and `shape` emit the code of a valid flow,
-//! `fallback` the code of a flow with errors. The slug and queue-name rules are
+//! Layout: `attr` and `pattern` parse the arguments of every attribute, `ast` reads a flow module
+//! (one item per step, its attributes and handler together) and strips `#[step]`, `check` runs one
+//! function per rule and resolves what the expansion needs, `expand` and `shape` emit the code of a
+//! valid flow, `fallback` the code of a flow with errors. `queue` is `#[queue]`, and `deployment`
+//! (with its own `ast`, `check` and `expand`) is `#[deployment]`. The slug and queue-name rules are
 //! `pgflow_sql::names`, the same module the runtime uses.
 
 use proc_macro::TokenStream;
@@ -14,10 +15,20 @@ mod ast;
 mod attr;
 mod check;
 mod ctxt;
+mod deployment;
 mod expand;
 mod fallback;
 mod pattern;
+mod queue;
 mod shape;
+
+/// Returns the expansion, printed to stderr first when `PGFLOW_MACRO_DEBUG=1`.
+fn debug(out: proc_macro2::TokenStream) -> TokenStream {
+    if std::env::var_os("PGFLOW_MACRO_DEBUG").is_some_and(|v| v == "1") {
+        eprintln!("{out}");
+    }
+    out.into()
+}
 
 /// Turns an inline module of `#[step]` async functions into a typed flow.
 ///
@@ -82,11 +93,7 @@ mod shape;
 /// Set `PGFLOW_MACRO_DEBUG=1` to print the expansion to stderr.
 #[proc_macro_attribute]
 pub fn flow(args: TokenStream, item: TokenStream) -> TokenStream {
-    let out = expand_flow(args.into(), item.into());
-    if std::env::var_os("PGFLOW_MACRO_DEBUG").is_some_and(|v| v == "1") {
-        eprintln!("{out}");
-    }
-    out.into()
+    debug(expand_flow(args.into(), item.into()))
 }
 
 fn expand_flow(
@@ -136,6 +143,87 @@ pub fn step(_args: TokenStream, item: TokenStream) -> TokenStream {
     )
     .to_compile_error();
     quote!(#e #item).into()
+}
+
+/// Declares a named, shared PGMQ queue: a unit struct implementing `pgflow_runtime::Queue`.
+///
+/// ```ignore
+/// use pgflow_runtime::queue;
+///
+/// /// Classification work of every community flow version.
+/// #[queue("classify_threads")]
+/// pub struct ClassifyThreads;
+///
+/// assert_eq!(<ClassifyThreads as pgflow_runtime::Queue>::NAME, "classify_threads");
+/// ```
+///
+/// The name is checked while the attribute expands: a lowercase identifier (`^[a-z_][a-z0-9_]*$`)
+/// of 1 to 47 characters, the rule of `pgflow_runtime::queue_names::check_queue_name`, which PGMQ
+/// accepts too. A bad name is an error on the literal that says what is wrong and how to fix it.
+///
+/// The struct keeps its visibility, doc comments and other attributes, and gains the derives a
+/// marker type needs: `Debug`, `Clone`, `Copy`, `Default`, `PartialEq`, `Eq`, `Hash` (do not
+/// derive these yourself). `crate = "::path"` says where `pgflow_runtime` lives, for re-exports.
+///
+/// Set `PGFLOW_MACRO_DEBUG=1` to print the expansion to stderr.
+#[proc_macro_attribute]
+pub fn queue(args: TokenStream, item: TokenStream) -> TokenStream {
+    debug(queue::expand(args.into(), item.into()))
+}
+
+/// Declares a named deployment of one concrete flow version: a stable alias and a route map from
+/// the flow's steps to declared queues.
+///
+/// Write the route map as a function that takes the flow's step enum and whose body is one
+/// exhaustive `match` naming a queue type per step (`use` declarations may precede it):
+///
+/// ```ignore
+/// use pgflow_runtime::{deployment, queue};
+///
+/// #[queue("classify_threads")]
+/// pub struct ClassifyThreads;
+/// #[queue("deliver_slack_alerts")]
+/// pub struct DeliverSlackAlerts;
+///
+/// /// Version 1 of the community pipeline, started as `communityThreads`.
+/// #[deployment(alias = "communityThreads")]
+/// pub fn community_v1(step: community_v1::Step) {
+///     match step {
+///         community_v1::Step::Classify => ClassifyThreads,
+///         community_v1::Step::DeliverSlack => DeliverSlackAlerts,
+///     }
+/// }
+/// // `CommunityV1` implements `Deployment` (alias `Some("communityThreads")`, routing
+/// // `Routing::Named`) and `RoutesTo<ClassifyThreads>` and `RoutesTo<DeliverSlackAlerts>`.
+/// ```
+///
+/// The function becomes a unit struct named after it in UpperCamelCase (`community_v1` ->
+/// `CommunityV1`), with the function's visibility, doc comments and other attributes (`#[cfg]`
+/// applies to everything generated). It implements:
+///
+/// - `Deployment`, with `type Flow` the flow of the step enum, `ALIAS = Some(alias)` and
+///   `routing()` returning `Routing::Named` of the `match`, in which each arm's queue type
+///   becomes that queue's name;
+/// - `RoutesTo<Q>` for every queue type the arms name, so a queue worker for `Q` accepts the
+///   deployment only when it routes a step to `Q`.
+///
+/// The `match` stays the user's own code: a step the flow does not have is rustc's error on
+/// that pattern, and a step without a route is rustc's non-exhaustive-match error, both in
+/// `cargo check`. A `_ =>` arm routes every remaining step to one queue. Guards (`if`) are
+/// refused: a route is static. Name each queue type the same way in every arm (the macro compares
+/// paths as written, and two spellings of one type would implement `RoutesTo` twice).
+///
+/// # Options
+///
+/// `alias = "..."` (required; a valid slug, the name producers start the flow by), `name = Ident`
+/// (the struct's name; needed when the default would clash with a type in scope, such as the
+/// flow type `#[flow]` re-exports next to its module, which is also UpperCamelCase of the module
+/// name), `crate = "::path"` (where `pgflow_runtime` lives).
+///
+/// Set `PGFLOW_MACRO_DEBUG=1` to print the expansion to stderr.
+#[proc_macro_attribute]
+pub fn deployment(args: TokenStream, item: TokenStream) -> TokenStream {
+    debug(deployment::expand(args.into(), item.into()))
 }
 
 #[cfg(test)]

@@ -9,9 +9,28 @@ fn pattern(tokens: proc_macro2::TokenStream) -> serde_json::Value {
         .value
 }
 
-/// The expansion as text, and the messages of its `compile_error!`s.
+/// The expansion of `#[flow]` as text, and the messages of its `compile_error!`s.
 fn expand(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> (String, Vec<String>) {
-    let out = crate::expand_flow(args, item);
+    split(crate::expand_flow(args, item))
+}
+
+/// The expansion of `#[queue]` as text, and the messages of its `compile_error!`s.
+fn expand_queue(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> (String, Vec<String>) {
+    split(crate::queue::expand(args, item))
+}
+
+/// The expansion of `#[deployment]` as text, and the messages of its `compile_error!`s.
+fn expand_deployment(
+    args: proc_macro2::TokenStream,
+    item: proc_macro2::TokenStream,
+) -> (String, Vec<String>) {
+    split(crate::deployment::expand(args, item))
+}
+
+fn split(out: proc_macro2::TokenStream) -> (String, Vec<String>) {
     let file: syn::File = syn::parse2(out.clone()).expect("the expansion parses");
     let errors = file
         .items
@@ -171,4 +190,141 @@ fn options_are_typed_slots_that_report_their_own_duplicates() {
             "duplicate `map` option",
         ]
     );
+}
+
+#[test]
+fn a_flow_is_its_own_default_deployment_and_its_step_enum_names_it() {
+    let flow = quote!(
+        mod community {
+            #[step]
+            async fn classify(t: String) -> Result<String, StepError> {
+                Ok(t)
+            }
+        }
+    );
+    let (out, errors) = expand(quote!(slug = "community", input = String), flow.clone());
+    assert_eq!(errors, Vec::<String>::new());
+    assert!(out
+        .contains("impl :: pgflow_runtime :: __private :: Deployment for community :: Community"));
+    assert!(out.contains("type Flow = Community ;"));
+    assert!(out.contains("Routing :: FlowQueue"));
+    // The fallback keeps both, so deploying a flow with errors adds no follow-on error.
+    let (out, errors) = expand(
+        quote!(slug = "community", input = String, timeout = 0),
+        flow,
+    );
+    assert_eq!(errors.len(), 1);
+    assert!(out.contains("Deployment for community :: Community"));
+    assert!(out.contains("type Flow = Community ;"));
+}
+
+#[test]
+fn queue_names_are_checked_with_the_shared_rule_and_say_how_to_fix_them() {
+    let unit = quote!(
+        pub struct Q;
+    );
+    let cases = [
+        (quote!("classify_threads"), None),
+        (
+            quote!("ClassifyThreads"),
+            Some("queue name `ClassifyThreads` must start with a lowercase ASCII letter or `_`, not `C`; write `classify_threads`"),
+        ),
+        (
+            quote!("classify_Threads"),
+            Some("queue name `classify_Threads` contains `T`; queue names use only lowercase ASCII letters, digits and `_` (`^[a-z_][a-z0-9_]*$`); write `classify_threads`"),
+        ),
+        (
+            quote!("9lives"),
+            Some("queue name `9lives` must start with a lowercase ASCII letter or `_`, not `9`; start with a lowercase ASCII letter or `_` and use only lowercase ASCII letters, digits and `_`"),
+        ),
+        (
+            quote!("a_queue_name_of_fifty_characters_is_three_too_long"),
+            Some("queue name `a_queue_name_of_fifty_characters_is_three_too_long` is 50 characters; at most 47 are allowed (the PGMQ limit); remove at least 3 characters"),
+        ),
+    ];
+    for (name, expected) in cases {
+        let (out, errors) = expand_queue(name.clone(), unit.clone());
+        assert_eq!(errors, expected.into_iter().collect::<Vec<_>>(), "{name}");
+        // The struct and its `Queue` impl are emitted either way: no follow-on errors.
+        assert!(
+            out.contains("impl :: pgflow_runtime :: __private :: Queue for Q"),
+            "{out}"
+        );
+        assert!(out.contains(":: core :: hash :: Hash"), "{out}");
+    }
+}
+
+#[test]
+fn a_route_map_becomes_queue_names_and_one_routes_to_impl_per_queue() {
+    let (out, errors) = expand_deployment(
+        quote!(alias = "communityThreads"),
+        quote!(
+            /// Version 1.
+            pub fn community_v1(step: community_v1::Step) {
+                use community_v1::Step;
+                match step {
+                    Step::Classify => ClassifyThreads,
+                    Step::Summarize => queues::Cpu,
+                    _ => ClassifyThreads,
+                }
+            }
+        ),
+    );
+    assert_eq!(errors, Vec::<String>::new());
+    assert!(out.contains("pub struct CommunityV1 ;"), "{out}");
+    assert!(out.contains("# [doc = r\" Version 1.\"]"), "{out}");
+    assert!(out.contains(
+        "type Flow = < community_v1 :: Step as :: pgflow_runtime :: __private :: FlowStep > :: Flow"
+    ));
+    assert!(out.contains("ALIAS : :: core :: option :: Option < & 'static str > = :: core :: option :: Option :: Some (\"communityThreads\")"));
+    assert!(out.contains("Step :: Classify => < ClassifyThreads as :: pgflow_runtime :: __private :: Queue > :: NAME"));
+    assert!(
+        out.contains("_ => < ClassifyThreads as :: pgflow_runtime :: __private :: Queue > :: NAME")
+    );
+    assert!(out.contains("use community_v1 :: Step ;"));
+    assert!(out.contains("Routing :: Named (community_v1)"));
+    assert_eq!(
+        out.matches("RoutesTo < ClassifyThreads > for CommunityV1")
+            .count(),
+        1
+    );
+    assert_eq!(
+        out.matches("RoutesTo < queues :: Cpu > for CommunityV1")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn every_mistake_of_a_deployment_is_reported_and_the_fallback_still_deploys() {
+    let (out, errors) = expand_deployment(
+        quote!(alias = "community-threads", name = V1, alais = "x"),
+        quote!(
+            const fn community_v1<T>(step: community_v1::Step, extra: u8) -> &'static str {
+                match step {
+                    community_v1::Step::Classify if true => ClassifyThreads,
+                    community_v1::Step::Summarize => "cpu",
+                    _ => Cpu,
+                }
+            }
+        ),
+    );
+    assert_eq!(
+        errors,
+        [
+            "unknown `#[deployment]` option `alais`; did you mean `alias`?; expected one of: alias, name, crate",
+            "invalid alias: slug `community-threads` contains `-`; slugs use only ASCII letters, digits and `_` (`^[a-zA-Z_][a-zA-Z0-9_]*$`); write `community_threads`",
+            "a `#[deployment]` function is a route map, not code that runs: remove `const`",
+            "a `#[deployment]` function cannot be generic: it deploys one concrete flow",
+            "remove the return type: each `match` arm names a queue type, and the macro turns it into that queue's name",
+            "a `#[deployment]` function takes only the flow's step enum; remove this parameter",
+            "a route cannot have a guard: routes are static, one queue per step; remove `if ...` and match on the step alone",
+            "a route names the queue's type, not its name: declare `#[queue(\"cpu\")] pub struct MyQueue;` once and write `MyQueue` here",
+        ]
+    );
+    assert!(out.contains("struct V1 ;"));
+    assert!(out.contains("Deployment for V1"));
+    assert!(out.contains("unreachable !"));
+    assert!(out.contains("RoutesTo < ClassifyThreads > for V1"));
+    assert!(out.contains("RoutesTo < Cpu > for V1"));
 }

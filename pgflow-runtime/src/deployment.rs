@@ -11,13 +11,66 @@
 //!
 //! A queue worker (`QueueWorker<Q>`) polls one declared queue and runs every deployment it is given that
 //! routes at least one step to that queue ([`RoutesTo<Q>`]).
+//!
+//! ```
+//! use pgflow_runtime::{deployment, flow, queue, Deployment, Queue, Routing};
+//!
+//! #[flow(slug = "communityThreadsV1", input = String)]
+//! pub mod community_v1 {
+//!     use pgflow_runtime::StepError;
+//!
+//!     #[step]
+//!     async fn classify(thread: String) -> Result<String, StepError> {
+//!         Ok(thread)
+//!     }
+//!
+//!     #[step(depends_on = [classify], slug = "deliverSlack")]
+//!     async fn deliver_slack(classify: String) -> Result<(), StepError> {
+//!         let _ = classify;
+//!         Ok(())
+//!     }
+//! }
+//!
+//! /// Classification work, shared by every version of the community flow.
+//! #[queue("classify_threads")]
+//! pub struct ClassifyThreads;
+//!
+//! /// Slack deliveries.
+//! #[queue("deliver_slack_alerts")]
+//! pub struct DeliverSlackAlerts;
+//!
+//! /// Version 1, started as `communityThreads`. `name = ..` because `CommunityV1` is the flow type.
+//! #[deployment(alias = "communityThreads", name = CommunityV1Deployment)]
+//! pub fn community_v1(step: community_v1::Step) {
+//!     match step {
+//!         community_v1::Step::Classify => ClassifyThreads,
+//!         community_v1::Step::DeliverSlack => DeliverSlackAlerts,
+//!     }
+//! }
+//!
+//! fn main() {
+//!     use community_v1::{CommunityV1, Step};
+//!
+//!     assert_eq!(ClassifyThreads::NAME, "classify_threads");
+//!     assert_eq!(CommunityV1Deployment::ALIAS, Some("communityThreads"));
+//!     let Routing::Named(route) = CommunityV1Deployment::routing() else { unreachable!() };
+//!     assert_eq!(route(Step::Classify), "classify_threads");
+//!     assert_eq!(route(Step::DeliverSlack), "deliver_slack_alerts");
+//!
+//!     // The flow type is its own default deployment: no alias, every step on the flow's queue.
+//!     assert_eq!(CommunityV1::ALIAS, None);
+//!     assert!(matches!(CommunityV1::routing(), Routing::FlowQueue));
+//! }
+//! ```
 
 use crate::flow::Flow;
 
-/// A named, shared PGMQ queue, declared once with `#[queue("name")]` on a unit struct.
+/// A named, shared PGMQ queue, declared once with [`#[queue("name")]`](macro@crate::queue) on a unit
+/// struct.
 ///
 /// The name is checked while the attribute expands: a lowercase identifier of 1 to 47 characters
-/// (`pgflow_runtime::queue_names::check_queue_name`), which PGMQ accepts too.
+/// ([`check_queue_name`](crate::queue_names::check_queue_name)), which PGMQ accepts too. Several
+/// steps, flows and versions may route to one queue.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a declared queue",
     label = "not a queue",
@@ -42,8 +95,9 @@ pub enum Routing<S: 'static> {
 
 /// One deployable concrete version: the exact flow type, an optional stable alias and its routing.
 ///
-/// Implemented by `#[flow]` for every flow type (the default deployment), by
-/// [`StepQueued<F>`](crate::StepQueued), and by `#[deployment]` for named deployments. Workers compile or
+/// Implemented by `#[flow]` for every flow type (the default deployment: `ALIAS = None`,
+/// [`Routing::FlowQueue`]), by [`StepQueued<F>`](crate::StepQueued) ([`Routing::StepQueues`]), and by
+/// [`#[deployment]`](macro@crate::deployment) for named deployments ([`Routing::Named`]). Workers compile or
 /// verify each deployment at startup: `pgflow.ensure_flow_compiled` with the flow's shape, the routing, and
 /// the alias, which is activated once the version is persisted.
 #[diagnostic::on_unimplemented(
@@ -65,7 +119,7 @@ pub trait Deployment: Send + Sync + 'static {
 
 /// A deployment that routes at least one step to queue `Q`: a queue worker for `Q` accepts only these.
 ///
-/// `#[deployment]` implements it for every queue its route map names.
+/// [`#[deployment]`](macro@crate::deployment) implements it for every queue its route map names.
 #[diagnostic::on_unimplemented(
     message = "deployment `{Self}` routes no step to queue `{Q}`",
     label = "routes nothing to `{Q}`",

@@ -101,6 +101,12 @@ impl StepKind {
 pub trait FlowStep:
     Copy + Eq + Hash + Debug + Display + FromStr<Err = UnknownStep> + Send + Sync + 'static
 {
+    /// The flow whose steps these are (for `community::Step`, `community::Community`).
+    ///
+    /// A step enum names its flow, so a route map written over the step enum (`#[deployment]`)
+    /// knows which flow it deploys.
+    type Flow: Flow<Step = Self>;
+
     /// Every step, in step-index order.
     const ALL: &'static [Self];
 

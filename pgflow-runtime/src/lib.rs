@@ -2,10 +2,12 @@
 //!
 //! Define a flow with [`#[flow]`](macro@flow) on an inline module; the macro generates the flow
 //! type (implementing [`Flow`]), the step enum (implementing [`FlowStep`]), the shape and the
-//! dispatch code. [`StepQueued`] deploys a flow with one queue per step; the flow opts in with
-//! `step_queues` in its `#[flow(...)]`. A [`Deployment`] gives one concrete version a stable alias and
-//! routes its steps to declared [`Queue`]s, which several flows and versions may share; a [`QueueWorker`]
-//! runs every deployment it serves on its queue, and [`Client::start_deployed`] starts runs by alias.
+//! dispatch code. The flow type is also its own default [`Deployment`] (every step on the flow's
+//! single queue). [`StepQueued`] deploys a flow with one queue per step; the flow opts in with
+//! `step_queues` in its `#[flow(...)]`. [`#[queue]`](macro@queue) declares a named, shared queue and
+//! [`#[deployment]`](macro@deployment) a stable alias with a route map onto such queues (see
+//! [`deployment`](mod@deployment)). A [`QueueWorker`] runs every deployment it serves on its queue, and
+//! [`Client::start_deployed`] starts runs by alias.
 //!
 //! ```
 //! use pgflow_runtime::{flow, Flow, FlowStep, StepContext, StepError, StepQueued};
@@ -77,7 +79,7 @@ pub use context::StepContext;
 pub use deployment::{Deployment, Queue, RoutesTo, Routing};
 pub use error::{BoxError, StepError};
 pub use flow::{task_input, Flow, FlowStep, StepKind, UnknownStep};
-pub use pgflow_macros::{flow, step};
+pub use pgflow_macros::{deployment, flow, queue, step};
 /// The slug and queue-name rules (per-step queue names, caller-given queue names), shared with the
 /// `#[flow]` macro and checked against the SQL core by the integration tests.
 pub use pgflow_sql::names as queue_names;
@@ -94,7 +96,7 @@ pub type StepResult<T, E = StepError> = Result<T, E>;
 /// The items a flow module usually needs: `use pgflow_runtime::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        flow, Client, Deployment, Flow, FlowStep, Queue, QueueWorker, RoutesTo, Routing,
-        StepContext, StepError, StepQueued, StepResult, Worker,
+        deployment, flow, queue, Client, Deployment, Flow, FlowStep, Queue, QueueWorker, RoutesTo,
+        Routing, StepContext, StepError, StepQueued, StepResult, Worker,
     };
 }
