@@ -128,19 +128,19 @@ where
 /// now; a deployment without an alias starts its concrete slug.
 ///
 /// ```no_run
-/// # use pgflow_runtime::{flow, Deployment, Routing, StepError};
-/// # #[flow(slug = "communityV2", input = String)]
+/// # use pgflow_runtime::{deployment, flow, queue};
+/// # #[flow(slug = "communityThreadsV2", input = String)]
 /// # mod community_v2 { use pgflow_runtime::StepError;
 /// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
-/// # pub struct CommunityV2;
-/// # impl Deployment for CommunityV2 {
-/// #     type Flow = community_v2::CommunityV2;
-/// #     const ALIAS: Option<&'static str> = Some("community");
-/// #     fn routing() -> Routing<community_v2::Step> { Routing::Named(|_| "classify_threads") }
+/// # #[queue("classify_threads")]
+/// # pub struct ClassifyThreads;
+/// # #[deployment(alias = "communityThreads", name = CommunityV2Deployment)]
+/// # pub fn community_v2(step: community_v2::Step) {
+/// #     match step { community_v2::Step::Classify => ClassifyThreads }
 /// # }
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut tx = pool.begin().await?;
-/// let started = pgflow_runtime::client::start_deployed::<CommunityV2, _>(&mut *tx, &"help?".to_owned()).await?;
+/// let started = pgflow_runtime::client::start_deployed::<CommunityV2Deployment, _>(&mut *tx, &"help?".to_owned()).await?;
 /// tx.commit().await?;
 /// println!("run {} of {}", started.run_id, started.flow_slug);
 /// # Ok(()) }
@@ -282,21 +282,21 @@ impl Client {
     /// ([`RunHandle::flow_slug`]); waiting works as for [`Client::start`].
     ///
     /// ```no_run
-    /// # use pgflow_runtime::{flow, Deployment, Routing, StepError};
-    /// # #[flow(slug = "communityV2", input = String)]
+    /// # use pgflow_runtime::{deployment, flow, queue};
+    /// # #[flow(slug = "communityThreadsV2", input = String)]
     /// # mod community_v2 { use pgflow_runtime::StepError;
     /// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
-    /// # pub struct CommunityV2;
-    /// # impl Deployment for CommunityV2 {
-    /// #     type Flow = community_v2::CommunityV2;
-    /// #     const ALIAS: Option<&'static str> = Some("community");
-    /// #     fn routing() -> Routing<community_v2::Step> { Routing::Named(|_| "classify_threads") }
+    /// # #[queue("classify_threads")]
+    /// # pub struct ClassifyThreads;
+    /// # #[deployment(alias = "communityThreads", name = CommunityV2Deployment)]
+    /// # pub fn community_v2(step: community_v2::Step) {
+    /// #     match step { community_v2::Step::Classify => ClassifyThreads }
     /// # }
     /// use pgflow_runtime::Client;
     /// use std::time::Duration;
     ///
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-    /// let run = Client::new(pool).start_deployed::<CommunityV2>(&"help?".to_owned()).await?;
+    /// let run = Client::new(pool).start_deployed::<CommunityV2Deployment>(&"help?".to_owned()).await?;
     /// println!("the alias resolved to {}", run.flow_slug());
     /// run.wait(Duration::from_secs(30)).await?;
     /// # Ok(()) }

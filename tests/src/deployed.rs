@@ -4,7 +4,7 @@
 //! `classify` runs on the shared queue `classify_threads` and `deliverSlack` on `deliver_alerts`, in both
 //! versions. Every handler's output names the version that ran it, so a test can tell V1 and V2 apart.
 
-use pgflow_runtime::{Deployment, Queue, RoutesTo, Routing};
+use pgflow_runtime::{deployment, queue};
 use serde::{Deserialize, Serialize};
 
 /// A community thread.
@@ -80,53 +80,33 @@ pub mod threads_v2 {
 }
 
 /// The shared queue of `classify`.
-#[derive(Debug)]
+#[queue("classify_threads")]
 pub struct ClassifyThreads;
-impl Queue for ClassifyThreads {
-    const NAME: &'static str = "classify_threads";
-}
 
 /// The shared queue of `deliverSlack`.
-#[derive(Debug)]
+#[queue("deliver_alerts")]
 pub struct DeliverAlerts;
-impl Queue for DeliverAlerts {
-    const NAME: &'static str = "deliver_alerts";
-}
 
-/// The alias producers start.
+/// The alias producers start (the one both deployments declare).
 pub const ALIAS: &str = "communityThreads";
 
 /// V1 behind [`ALIAS`]: `classify` on `classify_threads`, `deliverSlack` on `deliver_alerts`.
-#[derive(Debug)]
-pub struct CommunityV1;
-impl Deployment for CommunityV1 {
-    type Flow = threads_v1::ThreadsV1;
-    const ALIAS: Option<&'static str> = Some(ALIAS);
-    fn routing() -> Routing<threads_v1::Step> {
-        Routing::Named(|step| match step {
-            threads_v1::Step::Classify => ClassifyThreads::NAME,
-            threads_v1::Step::DeliverSlack => DeliverAlerts::NAME,
-        })
+#[deployment(alias = "communityThreads")]
+pub fn community_v1(step: threads_v1::Step) {
+    match step {
+        threads_v1::Step::Classify => ClassifyThreads,
+        threads_v1::Step::DeliverSlack => DeliverAlerts,
     }
 }
-impl RoutesTo<ClassifyThreads> for CommunityV1 {}
-impl RoutesTo<DeliverAlerts> for CommunityV1 {}
 
 /// V2 behind [`ALIAS`], routed like V1.
-#[derive(Debug)]
-pub struct CommunityV2;
-impl Deployment for CommunityV2 {
-    type Flow = threads_v2::ThreadsV2;
-    const ALIAS: Option<&'static str> = Some(ALIAS);
-    fn routing() -> Routing<threads_v2::Step> {
-        Routing::Named(|step| match step {
-            threads_v2::Step::Classify => ClassifyThreads::NAME,
-            threads_v2::Step::DeliverSlack => DeliverAlerts::NAME,
-        })
+#[deployment(alias = "communityThreads")]
+pub fn community_v2(step: threads_v2::Step) {
+    match step {
+        threads_v2::Step::Classify => ClassifyThreads,
+        threads_v2::Step::DeliverSlack => DeliverAlerts,
     }
 }
-impl RoutesTo<ClassifyThreads> for CommunityV2 {}
-impl RoutesTo<DeliverAlerts> for CommunityV2 {}
 
 /// A flow deployed with one private queue per step, for the zero-configuration step worker.
 #[pgflow_runtime::flow(slug = "zeroConfigSteps", input = i64, step_queues)]

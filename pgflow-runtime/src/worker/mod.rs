@@ -59,33 +59,44 @@ pub struct FromEnv;
 /// sharing a queue).
 ///
 /// ```no_run
-/// use pgflow_runtime::{flow, Deployment, Queue, QueueWorker, RoutesTo, Routing, StepError};
+/// use pgflow_runtime::{deployment, flow, queue, QueueWorker};
 ///
-/// #[flow(slug = "communityV1", input = String)]
+/// #[flow(slug = "communityThreadsV1", input = String)]
 /// mod community_v1 {
 ///     use pgflow_runtime::StepError;
 ///     #[step]
 ///     async fn classify(text: String) -> Result<String, StepError> { Ok(text) }
 /// }
 ///
-/// pub struct ClassifyThreads;
-/// impl Queue for ClassifyThreads {
-///     const NAME: &'static str = "classify_threads";
+/// #[flow(slug = "communityThreadsV2", input = String)]
+/// mod community_v2 {
+///     use pgflow_runtime::StepError;
+///     #[step]
+///     async fn classify(text: String) -> Result<String, StepError> { Ok(text.to_lowercase()) }
 /// }
 ///
-/// pub struct CommunityV1;
-/// impl Deployment for CommunityV1 {
-///     type Flow = community_v1::CommunityV1;
-///     const ALIAS: Option<&'static str> = Some("community");
-///     fn routing() -> Routing<community_v1::Step> {
-///         Routing::Named(|_| ClassifyThreads::NAME)
+/// #[queue("classify_threads")]
+/// pub struct ClassifyThreads;
+///
+/// #[deployment(alias = "communityThreads", name = CommunityV1Deployment)]
+/// pub fn community_v1(step: community_v1::Step) {
+///     match step {
+///         community_v1::Step::Classify => ClassifyThreads,
 ///     }
 /// }
-/// impl RoutesTo<ClassifyThreads> for CommunityV1 {}
+///
+/// #[deployment(alias = "communityThreads", name = CommunityV2Deployment)]
+/// pub fn community_v2(step: community_v2::Step) {
+///     match step {
+///         community_v2::Step::Classify => ClassifyThreads,
+///     }
+/// }
 ///
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// // V1 drains while V2, served last, is the version the alias starts.
 /// QueueWorker::<ClassifyThreads>::builder(pool)
-///     .serve::<CommunityV1>()
+///     .serve::<CommunityV1Deployment>()
+///     .serve::<CommunityV2Deployment>()
 ///     .max_concurrent(4)
 ///     .build()?
 ///     .run_until_signal()
@@ -344,23 +355,20 @@ impl<Q: Queue> Worker<OnQueue<Q>> {
     /// runs until SIGTERM or ctrl-c.
     ///
     /// ```no_run
-    /// # use pgflow_runtime::{flow, Deployment, Queue, RoutesTo, Routing, StepError};
-    /// # #[flow(slug = "communityV1", input = String)]
+    /// # use pgflow_runtime::{deployment, flow, queue};
+    /// # #[flow(slug = "communityThreadsV1", input = String)]
     /// # mod community_v1 { use pgflow_runtime::StepError;
     /// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
+    /// # #[queue("classify_threads")]
     /// # pub struct ClassifyThreads;
-    /// # impl Queue for ClassifyThreads { const NAME: &'static str = "classify_threads"; }
-    /// # pub struct CommunityV1;
-    /// # impl Deployment for CommunityV1 {
-    /// #     type Flow = community_v1::CommunityV1;
-    /// #     const ALIAS: Option<&'static str> = Some("community");
-    /// #     fn routing() -> Routing<community_v1::Step> { Routing::Named(|_| ClassifyThreads::NAME) }
+    /// # #[deployment(alias = "communityThreads", name = CommunityV1Deployment)]
+    /// # pub fn community_v1(step: community_v1::Step) {
+    /// #     match step { community_v1::Step::Classify => ClassifyThreads }
     /// # }
-    /// # impl RoutesTo<ClassifyThreads> for CommunityV1 {}
     /// use pgflow_runtime::QueueWorker;
     ///
     /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
-    /// QueueWorker::<ClassifyThreads>::new().serve::<CommunityV1>().run().await?;
+    /// QueueWorker::<ClassifyThreads>::new().serve::<CommunityV1Deployment>().run().await?;
     /// # Ok(()) }
     /// ```
     #[allow(clippy::new_ret_no_self)] // the documented zero-configuration entry point returns the builder

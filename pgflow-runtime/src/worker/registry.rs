@@ -280,20 +280,17 @@ mod tests {
 
     use registry_flow::{RegistryFlow, Step};
 
+    #[crate::queue("shared_work", crate = "crate")]
     struct Shared;
-    impl Queue for Shared {
-        const NAME: &'static str = "shared_work";
-    }
 
-    struct Named;
-    impl Deployment for Named {
-        type Flow = RegistryFlow;
-        const ALIAS: Option<&'static str> = Some("registry");
-        fn routing() -> Routing<Step> {
-            Routing::Named(|s| match s {
-                Step::First | Step::Third => Shared::NAME,
-                Step::Second => "other_work",
-            })
+    #[crate::queue("other_work", crate = "crate")]
+    struct Other;
+
+    #[crate::deployment(alias = "registry", crate = "crate")]
+    fn named(step: Step) {
+        match step {
+            Step::First | Step::Third => Shared,
+            Step::Second => Other,
         }
     }
 
@@ -335,6 +332,16 @@ mod tests {
                 .served
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_runtimes_default_deployment_agrees_with_the_one_flow_emits() {
+        let ours = FlowEntry::of::<DefaultDeployment<RegistryFlow>>("registryflow");
+        let emitted = FlowEntry::of::<RegistryFlow>("registryflow");
+        assert_eq!(ours.alias, emitted.alias);
+        assert_eq!(ours.mode, emitted.mode);
+        assert_eq!(ours.routes, emitted.routes);
+        assert_eq!(ours.served, emitted.served);
     }
 
     #[test]

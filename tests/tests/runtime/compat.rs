@@ -219,6 +219,13 @@ async fn a_plain_flow_started_by_its_concrete_slug_runs_with_no_alias_row_involv
         .unwrap();
     assert_eq!(run.flow_slug(), "compatFlow");
     assert_eq!(run.wait(support::LIMIT).await.unwrap().exclaim, "HI!");
+    // The flow type is its own deployment without an alias: starting it "by alias" starts its slug.
+    let run = Client::new(pool.clone())
+        .start_deployed::<original::Original>(&"ho".to_owned())
+        .await
+        .unwrap();
+    assert_eq!(run.flow_slug(), "compatFlow");
+    assert_eq!(run.wait(support::LIMIT).await.unwrap().exclaim, "HO!");
     let (aliases, mode): (i64, String) = sqlx::query_as(
         "select (select count(*) from pgflow.flow_aliases), \
                 (select queue_mode from pgflow.flows where flow_slug = 'compatFlow')",
@@ -229,7 +236,7 @@ async fn a_plain_flow_started_by_its_concrete_slug_runs_with_no_alias_row_involv
     assert_eq!((aliases, mode.as_str()), (0, "flow"));
     let report = worker.stop().await;
     assert_eq!(report.compile_status, CompileStatus::Compiled);
-    assert_eq!(report.completed, 2);
+    assert_eq!(report.completed, 4);
 }
 
 #[flow(slug = "trimmedFlow", input = String)]

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use pgflow_runtime::client::start_deployed;
 use pgflow_runtime::{
-    flow, AliasActivation, Client, CompileStatus, Deployment, FlowStep, GapReason, Queue,
-    QueueWorker, RoutesTo, Routing, StepError, WorkerError,
+    deployment, flow, queue, AliasActivation, Client, CompileStatus, Deployment, FlowStep,
+    GapReason, Queue, QueueWorker, RoutesTo, Routing, StepError, WorkerError,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -42,34 +42,27 @@ mod billing_v1 {
 }
 
 /// A queue two flows share.
+#[queue("shared_work")]
 struct SharedWork;
-impl Queue for SharedWork {
-    const NAME: &'static str = "shared_work";
-}
 
 /// Signups behind the alias `signups`, on the shared queue.
-struct Signups;
-impl Deployment for Signups {
-    type Flow = signups_v1::SignupsV1;
-    const ALIAS: Option<&'static str> = Some("signups");
-    fn routing() -> Routing<signups_v1::Step> {
-        Routing::Named(|_| SharedWork::NAME)
+#[deployment(alias = "signups")]
+fn signups(step: signups_v1::Step) {
+    match step {
+        signups_v1::Step::Welcome => SharedWork,
     }
 }
-impl RoutesTo<SharedWork> for Signups {}
 
-/// The same concrete flow again, without an alias.
-struct SignupsAgain;
-impl Deployment for SignupsAgain {
-    type Flow = signups_v1::SignupsV1;
-    const ALIAS: Option<&'static str> = None;
-    fn routing() -> Routing<signups_v1::Step> {
-        Routing::Named(|_| SharedWork::NAME)
+/// The same concrete flow again, under another alias.
+#[deployment(alias = "signupsAgain", name = SignupsAgain)]
+fn signups_again(step: signups_v1::Step) {
+    match step {
+        signups_v1::Step::Welcome => SharedWork,
     }
 }
-impl RoutesTo<SharedWork> for SignupsAgain {}
 
-/// Billing without an alias (started by its concrete slug), both steps on the shared queue.
+/// Billing without an alias (started by its concrete slug), both steps on the shared queue. Written by
+/// hand: `#[deployment]` always declares an alias, and `Deployment::ALIAS` may be `None`.
 struct Billing;
 impl Deployment for Billing {
     type Flow = billing_v1::BillingV1;
@@ -240,30 +233,20 @@ mod pipeline_v1 {
     }
 }
 
+#[queue("pipeline_classify")]
 struct PipelineClassify;
-impl Queue for PipelineClassify {
-    const NAME: &'static str = "pipeline_classify";
-}
 
+#[queue("pipeline_deliver")]
 struct PipelineDeliver;
-impl Queue for PipelineDeliver {
-    const NAME: &'static str = "pipeline_deliver";
-}
 
 /// Each step on its own named queue.
-struct Pipeline;
-impl Deployment for Pipeline {
-    type Flow = pipeline_v1::PipelineV1;
-    const ALIAS: Option<&'static str> = Some("pipeline");
-    fn routing() -> Routing<pipeline_v1::Step> {
-        Routing::Named(|step| match step {
-            pipeline_v1::Step::Classify => PipelineClassify::NAME,
-            pipeline_v1::Step::Deliver => PipelineDeliver::NAME,
-        })
+#[deployment(alias = "pipeline")]
+fn pipeline(step: pipeline_v1::Step) {
+    match step {
+        pipeline_v1::Step::Classify => PipelineClassify,
+        pipeline_v1::Step::Deliver => PipelineDeliver,
     }
 }
-impl RoutesTo<PipelineClassify> for Pipeline {}
-impl RoutesTo<PipelineDeliver> for Pipeline {}
 
 #[tokio::test]
 async fn each_step_on_its_own_named_queue_runs_under_its_own_queue_worker_with_its_own_concurrency()

@@ -1,37 +1,35 @@
-// Proves: a queue worker accepts only deployments that route a step to its queue; serving another is a compile error that names both and says what to do.
-#[allow(unused_imports)]
-use pgflow_runtime::{flow, Deployment, OnQueue, Queue, RoutesTo, Routing, StepError, WorkerBuilder};
+// Proves: a queue worker serves only deployments that route a step to its queue; `serve::<D>()` of another is a compile error that names both and says what to do.
+use pgflow_runtime::{deployment, flow, queue, OnQueue, WorkerBuilder};
 
-#[flow(slug = "communityV1", input = String)]
-mod community_v1 {
-    #[allow(unused_imports)]
-    use super::*;
+#[flow(slug = "communityThreadsV1", input = String)]
+pub mod community_v1 {
+    use pgflow_runtime::StepError;
+
     #[step]
-    async fn classify(text: String) -> Result<String, StepError> { Ok(text) }
-}
-
-pub struct ClassifyThreads;
-impl Queue for ClassifyThreads {
-    const NAME: &'static str = "classify_threads";
-}
-
-pub struct DeliverAlerts;
-impl Queue for DeliverAlerts {
-    const NAME: &'static str = "deliver_alerts";
-}
-
-pub struct CommunityV1;
-impl Deployment for CommunityV1 {
-    type Flow = community_v1::CommunityV1;
-    const ALIAS: Option<&'static str> = Some("community");
-    fn routing() -> Routing<community_v1::Step> {
-        Routing::Named(|_| ClassifyThreads::NAME)
+    async fn classify(thread: String) -> Result<String, StepError> {
+        Ok(thread)
     }
 }
-impl RoutesTo<ClassifyThreads> for CommunityV1 {}
 
-fn deploy(worker: WorkerBuilder<OnQueue<DeliverAlerts>>) -> WorkerBuilder<OnQueue<DeliverAlerts>> {
-    worker.serve::<CommunityV1>()
+#[queue("classify_threads")]
+pub struct ClassifyThreads;
+
+#[queue("deliver_slack_alerts")]
+pub struct DeliverSlackAlerts;
+
+#[deployment(alias = "communityThreads", name = CommunityV1Deployment)]
+pub fn community_v1(step: community_v1::Step) {
+    match step {
+        community_v1::Step::Classify => ClassifyThreads,
+    }
+}
+
+fn deploy(
+    classify: WorkerBuilder<OnQueue<ClassifyThreads>>,
+    deliver: WorkerBuilder<OnQueue<DeliverSlackAlerts>>,
+) {
+    let _ = classify.serve::<CommunityV1Deployment>();
+    let _ = deliver.serve::<CommunityV1Deployment>();
 }
 
 fn main() {
