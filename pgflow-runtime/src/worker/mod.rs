@@ -266,13 +266,12 @@ impl<K> WorkerBuilder<K, FromEnv> {
     pub async fn run(self) -> Result<WorkerReport, WorkerError> {
         self.config.validate()?;
         let pool = connect::from_env(&self.config).await?;
-        let worker = Worker::<K> {
-            pool,
-            registry: self.registry,
-            config: self.config,
-            worker_id: Uuid::new_v4(),
-            _kind: PhantomData,
-        };
+        let WorkerBuilder {
+            registry, config, ..
+        } = self;
+        let worker = WorkerBuilder::<K>::with(pool, registry)
+            .config(config)
+            .build()?;
         worker.run_until_signal().await
     }
 }
