@@ -143,43 +143,46 @@ impl BenchDb {
         Ok(id)
     }
 
-    /// Starts `runs` runs of `slug` with `input`, in statements of up to 200 runs.
+    /// Starts `runs` runs of `slug` with `input`, in statements of up to 200 runs; returns their ids.
     pub(crate) async fn start_runs(
         &self,
         slug: &str,
         input: &Value,
         runs: usize,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        let mut ids = Vec::with_capacity(runs);
         let mut left = runs;
         while left > 0 {
             let n = left.min(200);
-            sqlx::query(
-                "select count(*) from (select pgflow.start_flow($1, $2) from generate_series(1, $3)) r",
+            let started: Vec<Uuid> = sqlx::query_scalar(
+                "select (r).run_id from (select pgflow.start_flow($1, $2) as r from generate_series(1, $3)) x",
             )
             .bind(slug)
             .bind(input)
             .bind(n as i32)
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
+            ids.extend(started);
             left -= n;
         }
-        Ok(())
+        Ok(ids)
     }
 
-    /// Fails the benchmark unless every run of `slug` completed, and returns how many there were.
-    pub(crate) async fn verify_completed(&self, slug: &str) -> Result<i64, BenchError> {
-        let (total, not_completed): (i64, i64) = sqlx::query_as(
-            "select count(*), count(*) filter (where status <> 'completed') from pgflow.runs where flow_slug = $1",
+    /// Fails the benchmark unless every run in `run_ids` completed.
+    pub(crate) async fn verify_completed(&self, run_ids: &[Uuid]) -> Result<(), BenchError> {
+        let (total, completed): (i64, i64) = sqlx::query_as(
+            "select count(*), count(*) filter (where status = 'completed') from pgflow.runs where run_id = any ($1)",
         )
-        .bind(slug)
+        .bind(run_ids)
         .fetch_one(&self.pool)
         .await?;
-        if not_completed > 0 {
+        if completed != run_ids.len() as i64 {
             return Err(BenchError::Invalid(format!(
-                "flow {slug}: {not_completed} of {total} runs did not complete; the benchmark is invalid"
+                "{completed} of {} runs completed ({total} found); the benchmark is invalid",
+                run_ids.len()
             )));
         }
-        Ok(total)
+        Ok(())
     }
 
     /// A summary of where the runs of `slug` are stuck (for an invalid benchmark's error).
@@ -212,25 +215,30 @@ impl BenchDb {
         ))
     }
 
-    /// Number of completed runs of `slug`.
-    pub(crate) async fn completed_runs(&self, slug: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(
-            "select count(*) from pgflow.runs where flow_slug = $1 and status = 'completed'",
+    /// How many runs are open (`started`), and a signature of the work in flight (started step states and
+    /// their remaining tasks) that changes whenever a task completes. Nothing else runs during a
+    /// scenario, so the open runs are the scenario's. Both counts read only the open work through
+    /// indexes on `status`, so polling costs the same however much finished history the database holds.
+    pub(crate) async fn progress(&self) -> Result<(i64, (i64, i64)), sqlx::Error> {
+        let (open, steps, tasks): (i64, i64, i64) = sqlx::query_as(
+            "select (select count(*) from pgflow.runs where status = 'started'), \
+                    count(*), coalesce(sum(remaining_tasks), 0) \
+             from pgflow.step_states where status = 'started'",
         )
-        .bind(slug)
         .fetch_one(&self.pool)
-        .await
+        .await?;
+        Ok((open, (steps, tasks)))
     }
 
-    /// p50 and p99 start-to-finish latency (ms) of the completed runs of `slug`, from the database's
+    /// p50 and p99 start-to-finish latency (ms) of the completed runs among `run_ids`, from the database's
     /// own timestamps.
-    pub(crate) async fn run_latency(&self, slug: &str) -> Result<(f64, f64), sqlx::Error> {
+    pub(crate) async fn run_latency(&self, run_ids: &[Uuid]) -> Result<(f64, f64), sqlx::Error> {
         let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
             "select percentile_cont(0.5) within group (order by ms), percentile_cont(0.99) within group (order by ms) \
              from (select extract(epoch from completed_at - started_at) * 1000 as ms \
-                   from pgflow.runs where flow_slug = $1 and status = 'completed') x",
+                   from pgflow.runs where run_id = any ($1) and status = 'completed') x",
         )
-        .bind(slug)
+        .bind(run_ids)
         .fetch_one(&self.pool)
         .await?;
         Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
