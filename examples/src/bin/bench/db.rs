@@ -14,7 +14,7 @@ use crate::BenchError;
 /// The server and the benchmark's own database on it.
 pub(crate) struct BenchDb {
     /// Keeps the throwaway cluster alive (removed on drop or exit).
-    _temp: Option<TempPostgres>,
+    temp: Option<TempPostgres>,
     pub(crate) options: PgConnectOptions,
     pub(crate) pool: PgPool,
     pub(crate) server_version: String,
@@ -70,13 +70,18 @@ impl BenchDb {
         .fetch_one(&pool)
         .await?;
         Ok(BenchDb {
-            _temp: temp,
+            temp,
             options,
             pool,
             server_version,
             settings,
             profile,
         })
+    }
+
+    /// Whether the server is the benchmark's own throwaway cluster (removed at exit with everything on it).
+    pub(crate) fn is_throwaway(&self) -> bool {
+        self.temp.is_some()
     }
 
     /// The pgflow and PGMQ functions by time spent in themselves since the last `pg_stat_reset()`,
@@ -228,6 +233,16 @@ impl BenchDb {
         .fetch_one(&self.pool)
         .await?;
         Ok((open, (steps, tasks)))
+    }
+
+    /// WAL written so far: bytes (the insert position) and full-page images (`pg_stat_wal`; backends report
+    /// theirs when they go idle or exit).
+    pub(crate) async fn wal(&self) -> Result<(i64, i64), sqlx::Error> {
+        sqlx::query_as(
+            "select (pg_current_wal_insert_lsn() - '0/0')::bigint, (select wal_fpi from pg_stat_wal)",
+        )
+        .fetch_one(&self.pool)
+        .await
     }
 
     /// p50 and p99 start-to-finish latency (ms) of the completed runs among `run_ids`, from the database's

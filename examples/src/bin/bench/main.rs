@@ -8,10 +8,15 @@
 //! prints a markdown table; every figure is also given as a ratio to the raw PGMQ floor measured in
 //! the same run at the same concurrency. A run that does not complete makes the benchmark invalid:
 //! the process then exits non-zero.
+//!
+//! The history scenario (`--only history`; last in a full run, because it grows the database) drains the
+//! same bursts on an empty database and again on a million finished tasks, and times the maintenance
+//! statements on that history (`history.rs`).
 
 mod db;
 mod floor;
 mod flows;
+mod history;
 mod sql_driver;
 
 use std::process::ExitCode;
@@ -50,6 +55,14 @@ struct Args {
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
     profile: bool,
+    /// Finished tasks the history scenario grows.
+    history_tasks: u64,
+    /// Concurrency levels of the history scenario's drains.
+    history_ks: Vec<usize>,
+    /// Drains per flow and K in each phase of the history scenario (the fastest counts).
+    history_repeat: usize,
+    /// Tasks per drain in the history scenario.
+    history_drain_tasks: usize,
 }
 
 impl Args {
@@ -66,6 +79,10 @@ impl Args {
             latency_seconds: 8.0,
             only: Vec::new(),
             profile: false,
+            history_tasks: 1_000_000,
+            history_ks: vec![4, 16],
+            history_repeat: 2,
+            history_drain_tasks: 2000,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -86,11 +103,36 @@ impl Args {
                         .map(|k| k.trim().parse::<usize>().map_err(|e| format!("--k: {e}")))
                         .collect::<Result<_, _>>()?;
                 }
+                "--history-tasks" => {
+                    args.history_tasks = value()?
+                        .parse()
+                        .map_err(|e| format!("--history-tasks: {e}"))?;
+                }
+                "--history-drain-tasks" => {
+                    args.history_drain_tasks = value()?
+                        .parse()
+                        .map_err(|e| format!("--history-drain-tasks: {e}"))?;
+                }
+                "--history-repeat" => {
+                    args.history_repeat = value()?
+                        .parse()
+                        .map_err(|e| format!("--history-repeat: {e}"))?;
+                }
+                "--history-k" => {
+                    args.history_ks = value()?
+                        .split(',')
+                        .map(|k| {
+                            k.trim()
+                                .parse::<usize>()
+                                .map_err(|e| format!("--history-k: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--only floor,sql,worker,latency,starvation,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--only floor,sql,worker,latency,starvation,history,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -202,6 +244,15 @@ struct Row {
     value: f64,
     unit: &'static str,
     extra: String,
+    /// WAL written per task during a drain.
+    wal: Option<Wal>,
+}
+
+/// WAL a drain wrote, per task: bytes and full-page images (from the first claim to the last completion).
+#[derive(Debug, Clone, Copy)]
+struct Wal {
+    bytes_per_task: f64,
+    fpi_per_task: f64,
 }
 
 #[tokio::main]
@@ -237,12 +288,17 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     let mut invalid: Vec<String> = Vec::new();
     let seconds = Duration::from_secs_f64(args.seconds);
 
-    // The floor.
-    for kind in [
-        FloorKind::Pipeline,
-        FloorKind::Relay,
-        FloorKind::RelayBatched,
-    ] {
+    // The floor (not for a history-only selection: that scenario compares the worker with itself).
+    let floor_kinds = if args.only.iter().any(|o| o == "history") {
+        Vec::new()
+    } else {
+        vec![
+            FloorKind::Pipeline,
+            FloorKind::Relay,
+            FloorKind::RelayBatched,
+        ]
+    };
+    for kind in floor_kinds {
         for &k in &args.ks {
             db.settle().await?;
             let rate = floor::run(&db, kind, k, seconds).await?;
@@ -253,6 +309,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
                 value: rate,
                 unit: "msg/s",
                 extra: String::new(),
+                wal: None,
             });
         }
     }
@@ -274,7 +331,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             if !args.wants(&[driver.tag(), flow.name()]) {
                 continue;
             }
-            let row = drain(&db, flow, driver, args.tasks).await;
+            let row = drain(&db, flow, driver, args.tasks, AfterDrain::DeleteFlow).await;
             record(
                 &db,
                 &mut rows,
@@ -344,13 +401,42 @@ async fn run(args: &Args) -> Result<(), BenchError> {
                     r.delivered_during_backlog,
                     r.deliver_p50_ms
                 ),
+                wal: None,
             };
             eprintln!("{}: {:.0} ms; {}", row.what, row.value, row.extra);
             rows.push(row);
         }
     }
 
+    // History: the same drains on an empty database and on a large finished history. Last, because it
+    // grows the database.
+    let flows: Vec<BenchFlow> = [BenchFlow::Diamond, BenchFlow::Map10]
+        .into_iter()
+        .filter(|f| args.wants(&["history", "worker", f.name()]))
+        .collect();
+    let mut history = None;
+    if !flows.is_empty() {
+        let settings = history::Settings {
+            tasks: args.history_tasks,
+            ks: args.history_ks.clone(),
+            drain_tasks: args.history_drain_tasks,
+            repeat: args.history_repeat,
+            flows,
+        };
+        match history::run(&db, &settings).await {
+            Ok(report) => history = Some(report),
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("history: INVALID: {message}");
+                invalid.push(message);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
     print_table(&db, args, &rows, floor_at, started.elapsed());
+    if let Some(report) = history {
+        report.print();
+    }
     if invalid.is_empty() {
         Ok(())
     } else {
@@ -390,6 +476,7 @@ async fn record(
                 value: f64::NAN,
                 unit: "INVALID",
                 extra: message,
+                wal: None,
             });
             cleanup(db, flow.slug()).await?;
         }
@@ -402,6 +489,15 @@ fn drain_label(flow: BenchFlow, driver: Driver) -> String {
     format!("{}: {} drain", driver.label(), flow.name())
 }
 
+/// What a drain leaves in the database when it is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterDrain {
+    /// Delete the flow with all its data (the next scenario starts from an empty database).
+    DeleteFlow,
+    /// Keep the flow, the drained runs and everything else (the history scenario's large history).
+    Keep,
+}
+
 /// Starts `tasks / tasks_per_run` runs at once, then lets `driver` drain them; tasks per second from the
 /// first claim to the last run's completion (database clock). While it waits the harness polls only the
 /// open work (`BenchDb::progress`), so its own cost does not depend on the finished history; the results are
@@ -411,6 +507,7 @@ async fn drain(
     flow: BenchFlow,
     driver: Driver,
     tasks: usize,
+    after: AfterDrain,
 ) -> Result<Row, BenchError> {
     let slug = flow.slug();
     db.compile(slug, &flow.shape()).await?;
@@ -420,10 +517,12 @@ async fn drain(
     sqlx::query("select pg_stat_reset()")
         .execute(&db.pool)
         .await?;
-    let t0: chrono_like::Ts =
+    let (t0, wal0): (chrono_like::Ts, (i64, i64)) = (
         sqlx::query_scalar("select extract(epoch from clock_timestamp())::float8")
             .fetch_one(&db.pool)
-            .await?;
+            .await?,
+        db.wal().await?,
+    );
     let stop = CancellationToken::new();
     let mut set = driver.spawn(db, flow, stop.clone()).await?;
     let limit = Instant::now() + Duration::from_secs(300);
@@ -460,6 +559,9 @@ async fn drain(
         joined.map_err(|e| BenchError::Invalid(format!("driver panicked: {e}")))??;
     }
     outcome?;
+    // The worker's connections are closed; give their backends a moment to report their WAL statistics.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wal1 = db.wal().await?;
     db.verify_completed(&run_ids).await?;
     let elapsed: f64 = sqlx::query_scalar(
         "select extract(epoch from max(completed_at))::float8 - $2 from pgflow.runs where run_id = any ($1)",
@@ -469,7 +571,9 @@ async fn drain(
     .fetch_one(&db.pool)
     .await?;
     let (p50, p99) = db.run_latency(&run_ids).await?;
-    cleanup(db, slug).await?;
+    if after == AfterDrain::DeleteFlow {
+        cleanup(db, slug).await?;
+    }
     let total_tasks = runs * flow.tasks_per_run();
     if db.profile {
         let profile = db.function_profile(total_tasks).await?;
@@ -488,6 +592,10 @@ async fn drain(
             "{runs} runs, {total_tasks} tasks in {elapsed:.2} s; {:.0} runs/s (run latency in a bulk drain: p50 {p50:.0} ms, p99 {p99:.0} ms)",
             runs as f64 / elapsed
         ),
+        wal: Some(Wal {
+            bytes_per_task: (wal1.0 - wal0.0) as f64 / total_tasks as f64,
+            fpi_per_task: (wal1.1 - wal0.1) as f64 / total_tasks as f64,
+        }),
     })
 }
 
@@ -549,6 +657,7 @@ async fn latency(
             "{completed} runs at {:.0} runs/s offered; p50 {p50:.0} ms, p99 {p99:.0} ms start to finish",
             completed as f64 / duration.as_secs_f64()
         ),
+        wal: None,
     })
 }
 
@@ -571,14 +680,21 @@ fn print_table(
     println!("- server: {}", db.server_version);
     println!("- settings: {}", db.settings);
     println!(
-        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {}; whole run {:.0} s\n",
+        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {}; whole run {:.0} s\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.seconds,
         args.tasks,
         args.ks,
         args.latency_seconds,
+        args.history_tasks,
+        args.history_ks,
+        args.history_repeat,
+        args.history_drain_tasks,
         elapsed.as_secs_f64()
     );
+    if rows.is_empty() {
+        return;
+    }
     println!(
         "| scenario | K | result | ÷ pipeline floor (same K) | ÷ batched relay (same K) | notes |"
     );
