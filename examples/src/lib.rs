@@ -1,3 +1,4 @@
 //! Runnable pgflow-rs examples. Each binary in `src/bin` runs end to end against a real Postgres.
 
 pub mod community;
+pub mod rollout;

@@ -1,0 +1,1532 @@
+//! The community-threads pipeline behind the alias `communityThreads`, rolled out from V1 to V2 while runs
+//! are in flight, with faults injected and measured. `examples/INTEGRATION.md` is the report of a run.
+//!
+//! `cargo run -p pgflow-examples --bin community_rollout`
+//!
+//! Every worker is a process of its own (this program started again with a hidden subcommand), as a
+//! supervisor such as systemd would run it: two processes of worker function `community-classify` on
+//! queue `classify_threads` and two of `community-deliver` on `deliver_slack_alerts`. The program plays
+//! the producer, the operator and the supervisor, in this order:
+//!
+//! 1. **V1 live**: V1-only processes; a burst of threads started by alias.
+//! 2. **Rollout** (`pgflow-sql/OPERATIONS.md`) while V1 runs are in flight: record and disable both
+//!    functions, deprecate their workers and wait until they have stopped (meanwhile
+//!    `version_retirable` says V1 is *not* retirable, and runs started now are still V1), start the V1+V2
+//!    builds while disabled (the first activates V2; each exits without claiming), re-enable the recorded
+//!    set and start them for real.
+//! 3. **Drain and faults**: a burst started by alias runs as V2 while the earlier V1 runs finish on V1's
+//!    handlers. Meanwhile one classify process is SIGKILLed while it holds tasks (its sibling recovers
+//!    them after the dead-worker timeout) and one deliver process is SIGSTOPped in the middle of a slow
+//!    webhook call until its task has been recovered and completed elsewhere, then resumed (its late
+//!    result is ignored as stale, its second Slack post refused by the domain's unique key). Some threads
+//!    make the model fail once (retry). A V2-only deliver build is refused while V1 drains.
+//! 4. **A message read twice**: the visibility of a running task's message is reset by hand, so a second
+//!    read sees it while the first attempt still runs.
+//! 5. **Retire V1** once `version_retirable` says so for both queues, with the same fence, and run V2-only
+//!    builds.
+//! 6. **Verify and report**: everything is checked from the database; any expectation that does not hold
+//!    ends the program with a non-zero exit and a one-line error.
+//!
+//! With `DATABASE_URL` unset it uses a throwaway PostgreSQL, removed at exit.
+
+use std::collections::BTreeMap;
+use std::process::{ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use pgflow_examples::rollout::{
+    self, classify_worker, deliver_worker, CommunityThreadsV1, CommunityThreadsV2, Thread,
+    Versions, ALIAS, CLASSIFY_CONCURRENCY, CLASSIFY_FUNCTION, DEAD_WORKER_TIMEOUT,
+    DELIVER_CONCURRENCY, DELIVER_FUNCTION, SLOW_MODEL_THREAD, SLOW_WEBHOOK_THREAD,
+};
+use pgflow_runtime::worker::shutdown_signal;
+use pgflow_runtime::{client, Client, Deployment, WorkerBuilder, WorkerError};
+use pgflow_sql::throwaway::{fresh_database, Contents};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const V1: &str = "communityThreadsV1";
+const V2: &str = "communityThreadsV2";
+const CLASSIFY_QUEUE: &str = "classify_threads";
+const DELIVER_QUEUE: &str = "deliver_slack_alerts";
+/// The hidden subcommand that runs one worker process.
+const WORKER_SUBCOMMAND: &str = "__worker";
+/// Where a worker process finds the database (not an argument: a URL may hold a password).
+const URL_VARIABLE: &str = "COMMUNITY_ROLLOUT_DATABASE_URL";
+/// The process's name, its connections' `application_name`.
+const NAME_VARIABLE: &str = "COMMUNITY_ROLLOUT_PROCESS";
+/// The longest the program waits for any one thing.
+const LIMIT: Duration = Duration::from_secs(40);
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(WORKER_SUBCOMMAND) {
+        return worker_process(&args[1..]).await;
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .init();
+    if !args.is_empty() {
+        eprintln!("usage: community_rollout (no arguments)");
+        return ExitCode::FAILURE;
+    }
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("community_rollout: {}", one_line(&e.to_string()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Fails with `what` unless `ok`.
+fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), BoxError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("expectation failed: {}", what()).into())
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// The worker process
+// ------------------------------------------------------------------------------------------------------
+
+/// `__worker classify|deliver v1|v1v2|v2`: one process of a worker function. Prints one line when it is
+/// serving (`ready <worker id> <startup banner>`), then one when it stops (`report ...`), or one line
+/// `fenced ...` when its function is disabled, or `error ...`.
+async fn worker_process(args: &[String]) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = async {
+        let (queue, versions) = match args {
+            [queue, versions] => (
+                queue.as_str(),
+                Versions::parse(versions).ok_or("bad versions")?,
+            ),
+            _ => return Err::<(), BoxError>("usage: __worker classify|deliver v1|v1v2|v2".into()),
+        };
+        let options: PgConnectOptions = std::env::var(URL_VARIABLE)?.parse()?;
+        let options = options.application_name(&std::env::var(NAME_VARIABLE)?);
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(options)
+            .await?;
+        let token = CancellationToken::new();
+        let on_signal = token.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            on_signal.cancel();
+        });
+        match queue {
+            "classify" => serve(classify_worker(pool, versions), token).await,
+            "deliver" => serve(deliver_worker(pool, versions), token).await,
+            other => Err(format!("unknown queue {other}").into()),
+        }
+    }
+    .await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("error {}", one_line(&e.to_string()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve<K>(builder: WorkerBuilder<K>, token: CancellationToken) -> Result<(), BoxError> {
+    match builder.build()?.spawn(token).await {
+        Ok(handle) => {
+            let banner: Vec<String> = handle
+                .deployments()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            println!("ready {} {}", handle.id(), banner.join("; "));
+            let r = handle.join().await?;
+            println!(
+                "report completed={} failed={} stale={} released={} stop={:?}",
+                r.completed, r.failed, r.stale, r.released, r.stop_reason
+            );
+            Ok(())
+        }
+        // A build started while its function is fenced exits without claiming (rollout step 3).
+        Err(e @ WorkerError::FunctionDisabled { .. }) => {
+            println!("fenced {}", one_line(&e.to_string()));
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// The supervisor
+// ------------------------------------------------------------------------------------------------------
+
+/// Which queue a worker process polls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Classify,
+    Deliver,
+}
+
+impl Role {
+    fn arg(self) -> &'static str {
+        match self {
+            Role::Classify => "classify",
+            Role::Deliver => "deliver",
+        }
+    }
+}
+
+/// What a worker process said when it stopped.
+#[derive(Debug, Clone, Default)]
+struct Stopped {
+    completed: u64,
+    failed: u64,
+    stale: u64,
+    released: u64,
+    stop: String,
+}
+
+/// One worker process.
+struct Proc {
+    name: String,
+    child: Child,
+    pid: i32,
+    worker_id: Option<Uuid>,
+    lines: mpsc::UnboundedReceiver<String>,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    async fn next_line(&mut self) -> Result<Option<String>, BoxError> {
+        match tokio::time::timeout(LIMIT, self.lines.recv()).await {
+            Ok(line) => Ok(line),
+            Err(_) => Err(format!("{}: no output within {LIMIT:?}", self.name).into()),
+        }
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), BoxError> {
+        kill(Pid::from_raw(self.pid), signal)
+            .map_err(|e| format!("{}: {signal}: {e}", self.name).into())
+    }
+
+    /// Waits for the process to end and parses its last line.
+    async fn finish(mut self) -> Result<(Stopped, Vec<String>), BoxError> {
+        let mut stopped = None;
+        while let Some(line) = self.next_line().await? {
+            if let Some(rest) = line.strip_prefix("report ") {
+                stopped = Some(parse_report(rest));
+            } else if let Some(rest) = line.strip_prefix("error ") {
+                return Err(format!("{}: {rest}", self.name).into());
+            }
+        }
+        let status = tokio::time::timeout(LIMIT, self.child.wait()).await??;
+        let stopped =
+            stopped.ok_or_else(|| format!("{}: exited ({status}) without a report", self.name))?;
+        let stderr = self.stderr.lock().expect("stderr lock").clone();
+        Ok((stopped, stderr))
+    }
+}
+
+fn parse_report(rest: &str) -> Stopped {
+    let mut s = Stopped::default();
+    for part in rest.split_whitespace() {
+        if let Some((k, v)) = part.split_once('=') {
+            let n = v.parse().unwrap_or(0);
+            match k {
+                "completed" => s.completed = n,
+                "failed" => s.failed = n,
+                "stale" => s.stale = n,
+                "released" => s.released = n,
+                "stop" => s.stop = v.to_owned(),
+                _ => {}
+            }
+        }
+    }
+    s
+}
+
+/// Starts worker processes, like systemd units, and remembers what they reported.
+struct Supervisor {
+    url: String,
+    started: usize,
+    stopped: Vec<(String, Stopped)>,
+    warnings: Vec<String>,
+}
+
+/// What a process said at startup.
+enum Start {
+    Ready(Box<Proc>),
+    Fenced(String),
+}
+
+impl Supervisor {
+    async fn start(&mut self, role: Role, versions: Versions) -> Result<Start, BoxError> {
+        self.started += 1;
+        let name = format!("{}#{} ({})", role.arg(), self.started, versions.as_str());
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args([WORKER_SUBCOMMAND, role.arg(), versions.as_str()])
+            .env(URL_VARIABLE, &self.url)
+            .env(NAME_VARIABLE, &name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = i32::try_from(child.id().ok_or("no pid")?)?;
+        let (tx, lines) = mpsc::unbounded_channel();
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        tokio::spawn(async move {
+            let mut out = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = out.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&stderr);
+        let err = child.stderr.take().ok_or("no stderr")?;
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(err).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().expect("stderr lock").push(line);
+            }
+        });
+        let mut proc = Proc {
+            name,
+            child,
+            pid,
+            worker_id: None,
+            lines,
+            stderr,
+        };
+        let line = proc
+            .next_line()
+            .await?
+            .ok_or_else(|| format!("{}: exited before starting", proc.name))?;
+        if let Some(rest) = line.strip_prefix("ready ") {
+            let (id, banner) = rest.split_once(' ').unwrap_or((rest, ""));
+            let id: Uuid = id.parse()?;
+            proc.worker_id = Some(id);
+            println!("   started {} pid {pid}: {banner}", proc.name);
+            Ok(Start::Ready(Box::new(proc)))
+        } else if let Some(rest) = line.strip_prefix("fenced ") {
+            let status = tokio::time::timeout(LIMIT, proc.child.wait()).await??;
+            expect(status.success(), || {
+                format!("{} exited with {status}", proc.name)
+            })?;
+            println!("   {} exited without claiming: {rest}", proc.name);
+            Ok(Start::Fenced(rest.to_owned()))
+        } else {
+            Err(format!("{}: {line}", proc.name).into())
+        }
+    }
+
+    async fn ready(&mut self, role: Role, versions: Versions) -> Result<Proc, BoxError> {
+        match self.start(role, versions).await? {
+            Start::Ready(p) => Ok(*p),
+            Start::Fenced(why) => {
+                Err(format!("{} worker fenced unexpectedly: {why}", role.arg()).into())
+            }
+        }
+    }
+
+    /// Waits for a process that is stopping (deprecated, fenced or signalled) and records its report.
+    async fn collect(&mut self, proc: Proc) -> Result<Stopped, BoxError> {
+        let name = proc.name.clone();
+        let (stopped, stderr) = proc.finish().await?;
+        for line in stderr {
+            if line.contains("WARN") || line.contains("ERROR") {
+                self.warnings.push(format!("{name}: {line}"));
+            }
+        }
+        self.stopped.push((name, stopped.clone()));
+        Ok(stopped)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// The producer
+// ------------------------------------------------------------------------------------------------------
+
+/// A thread and the run that triages it.
+#[derive(Debug, Clone)]
+struct Started {
+    thread: i64,
+    run_id: Uuid,
+    flow_slug: String,
+}
+
+fn thread(id: i64) -> Thread {
+    let text = if id == SLOW_WEBHOOK_THREAD || id % 2 == 0 {
+        format!("How do I retry a step in my flow? (thread {id})")
+    } else {
+        format!("Shipped my first flow today (thread {id})")
+    };
+    Thread { id, text }
+}
+
+/// Starts one run per thread id by deployment `D`'s alias, each in one transaction with the thread's
+/// domain row (the run exists if and only if the thread does).
+async fn start_threads<D: Deployment<Flow = F>, F: pgflow_runtime::Flow<Input = Thread>>(
+    pool: &PgPool,
+    ids: impl IntoIterator<Item = i64>,
+) -> Result<Vec<Started>, BoxError> {
+    let mut started = Vec::new();
+    for id in ids {
+        let t = thread(id);
+        let mut tx = pool.begin().await?;
+        sqlx::query("insert into community.threads (id, body) values ($1, $2)")
+            .bind(t.id)
+            .bind(&t.text)
+            .execute(&mut *tx)
+            .await?;
+        let run = client::start_deployed::<D, _>(&mut *tx, &t).await?;
+        tx.commit().await?;
+        started.push(Started {
+            thread: id,
+            run_id: run.run_id,
+            flow_slug: run.flow_slug,
+        });
+    }
+    Ok(started)
+}
+
+// ------------------------------------------------------------------------------------------------------
+// Database reads
+// ------------------------------------------------------------------------------------------------------
+
+async fn scalar_i64(pool: &PgPool, sql: &str) -> Result<i64, BoxError> {
+    Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await?)
+}
+
+async fn alias_target(pool: &PgPool) -> Result<Option<String>, BoxError> {
+    Ok(
+        sqlx::query_scalar("select flow_slug from pgflow.flow_aliases where alias = $1")
+            .bind(ALIAS)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
+
+/// The database's clock, in seconds since the epoch (every time measured here is the database's).
+async fn db_now(pool: &PgPool) -> Result<f64, BoxError> {
+    Ok(
+        sqlx::query_scalar("select extract(epoch from clock_timestamp())::float8")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Polls `check` every 25 ms until it returns a value.
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> Result<T, BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, BoxError>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if started.elapsed() > LIMIT {
+            return Err(format!("timed out after {LIMIT:?} waiting for {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Polls `check` every 25 ms until it holds.
+async fn wait_until<F, Fut>(what: &str, mut check: F) -> Result<(), BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool, BoxError>>,
+{
+    wait_for(what, || {
+        let f = check();
+        async move { Ok(f.await?.then_some(())) }
+    })
+    .await
+}
+
+/// A compact rendering of `version_retirable`'s blockers.
+fn blockers(v: &Value) -> String {
+    let list: Vec<String> = v["blockers"]
+        .as_array()
+        .map(|bs| {
+            bs.iter()
+                .map(|b| {
+                    format!(
+                        "{} {}×{}",
+                        b["step_slug"].as_str().unwrap_or("?"),
+                        b["reason"].as_str().unwrap_or("?"),
+                        b["count"]
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if list.is_empty() {
+        "none".to_owned()
+    } else {
+        list.join(", ")
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------
+// The scenario
+// ------------------------------------------------------------------------------------------------------
+
+/// Everything measured, printed at the end.
+#[derive(Default)]
+struct Measured {
+    v1_runs_before_rollout: usize,
+    v1_runs_during_fence: usize,
+    v1_in_flight_at_fence: i64,
+    drain: Duration,
+    claim_pause: Duration,
+    not_retirable: Vec<String>,
+    coverage_refusal: String,
+    v2_runs: usize,
+    new_builds: Vec<Uuid>,
+    v1_tasks_run_by_new_builds: i64,
+    cross_version_handle: String,
+    crash: Option<Crash>,
+    freeze: Option<Freeze>,
+    reads_of_twice_read_message: i32,
+    invocations_of_twice_read_task: i64,
+    retire_pause: Duration,
+    mistaken_start: String,
+}
+
+async fn run() -> Result<(), BoxError> {
+    let wall = Instant::now();
+    let db = fresh_database(Contents::Empty).await?;
+    pgflow_sql::install(db.pool()).await?;
+    let pool = db.pool().clone();
+    sqlx::raw_sql(rollout::DOMAIN_SCHEMA).execute(&pool).await?;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    println!(
+        "database ready ({:.1} s); load average {}",
+        wall.elapsed().as_secs_f64(),
+        load.join(" ")
+    );
+    let mut sup = Supervisor {
+        url: db.url().to_owned(),
+        started: 0,
+        stopped: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let mut m = Measured::default();
+
+    let (old, burst_v1) = v1_live(&pool, &mut sup, &mut m).await?;
+    let (mut fleet, during) = roll_out(&pool, &mut sup, &mut m, old).await?;
+    let burst_v2 = drain_with_faults(&pool, &mut sup, &mut m, &mut fleet).await?;
+    let twice = read_twice(&pool, &mut m).await?;
+    let final_run = retire(&pool, &mut sup, &mut m, fleet).await?;
+    let (mistake, repaired) = mistaken_start(&pool, &mut sup, &mut m).await?;
+
+    let all: Vec<&Started> = burst_v1
+        .iter()
+        .chain(&during)
+        .chain(&burst_v2)
+        .chain(&twice)
+        .chain(&final_run)
+        .chain(&mistake)
+        .chain(&repaired)
+        .collect();
+    verify(&pool, &all, &mut m).await?;
+    report(&pool, &sup, &m, wall.elapsed()).await?;
+    Ok(())
+}
+
+/// The worker processes serving each queue.
+struct Fleet {
+    classify: Vec<Proc>,
+    deliver: Vec<Proc>,
+}
+
+/// Starts `per_queue` processes of each worker function, serving `versions`.
+async fn start_fleet(
+    sup: &mut Supervisor,
+    versions: Versions,
+    per_queue: usize,
+) -> Result<Fleet, BoxError> {
+    let mut fleet = Fleet {
+        classify: Vec::new(),
+        deliver: Vec::new(),
+    };
+    for _ in 0..per_queue {
+        fleet
+            .classify
+            .push(sup.ready(Role::Classify, versions).await?);
+        fleet
+            .deliver
+            .push(sup.ready(Role::Deliver, versions).await?);
+    }
+    Ok(fleet)
+}
+
+/// Waits until every process of `fleet` has stopped (deprecated, fenced or signalled).
+async fn collect_fleet(sup: &mut Supervisor, fleet: Fleet) -> Result<Vec<Stopped>, BoxError> {
+    let mut stopped = Vec::new();
+    for p in fleet.classify.into_iter().chain(fleet.deliver) {
+        stopped.push(sup.collect(p).await?);
+    }
+    Ok(stopped)
+}
+
+/// Rollout step 3: starts one process of each function with `versions` while the functions are disabled;
+/// each compiles (the first activates the alias), checks coverage and exits without claiming.
+async fn deploy_fenced(sup: &mut Supervisor, versions: Versions) -> Result<(), BoxError> {
+    for role in [Role::Classify, Role::Deliver] {
+        if let Start::Ready(p) = sup.start(role, versions).await? {
+            return Err(format!("{} started while its function was disabled", p.name).into());
+        }
+    }
+    Ok(())
+}
+
+async fn all_runs_finished(pool: &PgPool, what: &str) -> Result<(), BoxError> {
+    wait_until(what, || async {
+        Ok(scalar_i64(
+            pool,
+            "select count(*) from pgflow.runs where status = 'started'",
+        )
+        .await?
+            == 0)
+    })
+    .await
+}
+
+/// Phase 1, V1-only builds and a burst of threads started by alias.
+async fn v1_live(
+    pool: &PgPool,
+    sup: &mut Supervisor,
+    m: &mut Measured,
+) -> Result<(Fleet, Vec<Started>), BoxError> {
+    println!(
+        "\n1. V1 live: 2 × {CLASSIFY_FUNCTION} (max_concurrent {CLASSIFY_CONCURRENCY}), \
+         2 × {DELIVER_FUNCTION} (max_concurrent {DELIVER_CONCURRENCY})"
+    );
+    let fleet = start_fleet(sup, Versions::V1, 2).await?;
+    expect(alias_target(pool).await?.as_deref() == Some(V1), || {
+        "the alias points at V1".into()
+    })?;
+    let burst = start_threads::<CommunityThreadsV1, _>(pool, 1..=32).await?;
+    for s in &burst {
+        expect(s.flow_slug == V1, || {
+            format!("thread {} started {}", s.thread, s.flow_slug)
+        })?;
+    }
+    m.v1_runs_before_rollout = burst.len();
+    println!(
+        "   started {} threads by alias `{ALIAS}`: all {V1}",
+        burst.len()
+    );
+    wait_until("a few V1 runs to complete", || async {
+        Ok(scalar_i64(
+            pool,
+            "select count(*) from pgflow.runs where status = 'completed'",
+        )
+        .await?
+            >= 6)
+    })
+    .await?;
+    Ok((fleet, burst))
+}
+
+/// Phase 2, the fenced rollout to V2 (OPERATIONS.md), while V1 runs are in flight. Returns the V1+V2
+/// fleet and the runs started during the fence.
+async fn roll_out(
+    pool: &PgPool,
+    sup: &mut Supervisor,
+    m: &mut Measured,
+    old: Fleet,
+) -> Result<(Fleet, Vec<Started>), BoxError> {
+    m.v1_in_flight_at_fence = scalar_i64(
+        pool,
+        "select count(*) from pgflow.runs where status = 'started'",
+    )
+    .await?;
+    println!(
+        "\n2. Rollout to V2 with {} V1 runs in flight",
+        m.v1_in_flight_at_fence
+    );
+    let fence_started = Instant::now();
+    let functions = [CLASSIFY_FUNCTION, DELIVER_FUNCTION];
+    let recorded = rollout::fence(pool, &functions, "rollout communityThreadsV2").await?;
+    expect(recorded.len() == 2, || {
+        format!("both functions recorded, got {recorded:?}")
+    })?;
+    println!("   step 1: recorded and disabled {recorded:?}");
+
+    m.drain = rollout::deprecate_and_wait(pool, DEAD_WORKER_TIMEOUT, LIMIT).await?;
+    for s in collect_fleet(sup, old).await? {
+        expect(s.stop == "Deprecated" || s.stop == "Disabled", || {
+            format!("an old worker stopped for another reason: {}", s.stop)
+        })?;
+    }
+    println!(
+        "   step 2: deprecated; every old worker stopped after {} ms",
+        m.drain.as_millis()
+    );
+    for queue in [CLASSIFY_QUEUE, DELIVER_QUEUE] {
+        let r = rollout::version_retirable(pool, V1, queue).await?;
+        expect(r["retirable"] == false, || {
+            format!("V1 not retirable from {queue} while it runs: {r}")
+        })?;
+        m.not_retirable.push(format!("{queue}: {}", blockers(&r)));
+        println!(
+            "   version_retirable({V1}, {queue}) = false: {}",
+            blockers(&r)
+        );
+    }
+    let during =
+        start_threads::<CommunityThreadsV1, _>(pool, [101, 102, 103, SLOW_WEBHOOK_THREAD]).await?;
+    for s in &during {
+        expect(s.flow_slug == V1, || {
+            format!("a run started during the fence is V1, got {}", s.flow_slug)
+        })?;
+    }
+    m.v1_runs_during_fence = during.len();
+    println!(
+        "   started {} more threads during the fence: still {V1}, queued with no worker",
+        during.len()
+    );
+
+    deploy_fenced(sup, Versions::V1AndV2).await?;
+    expect(alias_target(pool).await?.as_deref() == Some(V2), || {
+        "the first V1+V2 build activated V2".into()
+    })?;
+    let claimed_while_fenced = scalar_i64(
+        pool,
+        "select count(*) from pgflow.step_tasks \
+         where started_at > (select min(disabled_at) from pgflow.worker_functions)",
+    )
+    .await?;
+    expect(claimed_while_fenced == 0, || {
+        format!("{claimed_while_fenced} tasks claimed while fenced")
+    })?;
+    println!("   step 3: V1+V2 builds deployed while disabled; the alias now points at {V2}; nothing claimed");
+
+    rollout::lift_fence(pool).await?;
+    let fleet = start_fleet(sup, Versions::V1AndV2, 2).await?;
+    m.claim_pause = fence_started.elapsed();
+    m.new_builds = fleet
+        .classify
+        .iter()
+        .chain(&fleet.deliver)
+        .filter_map(|p| p.worker_id)
+        .collect();
+    println!(
+        "   step 4: re-enabled the recorded set; claims were paused for {} ms",
+        m.claim_pause.as_millis()
+    );
+    Ok((fleet, during))
+}
+
+/// Phase 3, V1 drains while new runs start on V2: a V2-only build is refused, a classify process is killed
+/// and a deliver process frozen, and supervision restarts the killed one. Returns the V2 runs started.
+async fn drain_with_faults(
+    pool: &PgPool,
+    sup: &mut Supervisor,
+    m: &mut Measured,
+    fleet: &mut Fleet,
+) -> Result<Vec<Started>, BoxError> {
+    println!("\n3. V1 drains, V2 takes new runs; faults injected");
+    let probe = deliver_worker(pool.clone(), Versions::V2)
+        .build()?
+        .run(CancellationToken::new())
+        .await;
+    let Err(WorkerError::CoverageGap { gaps, .. }) = &probe else {
+        return Err(format!(
+            "a V2-only deliver build must be refused while V1 drains, got {probe:?}"
+        )
+        .into());
+    };
+    m.coverage_refusal = describe_gaps(gaps);
+    println!(
+        "   a V2-only {DELIVER_FUNCTION} build refuses to start: {}",
+        m.coverage_refusal
+    );
+
+    let burst = start_threads::<CommunityThreadsV2, _>(pool, 201..=232).await?;
+    for s in &burst {
+        expect(s.flow_slug == V2, || {
+            format!(
+                "thread {} started after activation ran {}",
+                s.thread, s.flow_slug
+            )
+        })?;
+    }
+    // The typed handle is of the deployment the producer names, not of the version the alias chose.
+    sqlx::query("insert into community.threads (id, body) values ($1, $2)")
+        .bind(301_i64)
+        .bind(&thread(301).text)
+        .execute(pool)
+        .await?;
+    let handle = Client::new(pool.clone())
+        .start_deployed::<CommunityThreadsV1>(&thread(301))
+        .await?;
+    let typed_v1 = handle
+        .as_version::<rollout::threads_v1::ThreadsV1>()
+        .is_some();
+    m.cross_version_handle = format!(
+        "start_deployed::<CommunityThreadsV1>() returned a RunHandle<ThreadsV1> of a {} run \
+         (as_version::<ThreadsV1>() is {})",
+        handle.flow_slug(),
+        if typed_v1 { "Some" } else { "None" }
+    );
+    expect(handle.flow_slug() == V2, || {
+        "a V1-typed start after activation runs V2".into()
+    })?;
+    m.v2_runs = burst.len() + 1;
+    println!("   started {} threads by alias: all {V2}", m.v2_runs);
+
+    let (kill, stop) = tokio::join!(
+        crash(pool, &mut fleet.classify[0]),
+        freeze(pool, &fleet.deliver)
+    );
+    m.crash = Some(kill?);
+    m.freeze = Some(stop?);
+    // Supervision restarts the killed process.
+    let killed = fleet.classify.remove(0);
+    let _ = tokio::time::timeout(LIMIT, killed.finish()).await;
+    fleet
+        .classify
+        .push(sup.ready(Role::Classify, Versions::V1AndV2).await?);
+    all_runs_finished(pool, "every run to finish").await?;
+    println!("   every run finished");
+    Ok(burst)
+}
+
+/// Phase 5, retires V1 once `version_retirable` allows it on both queues, with the same fence; then a run
+/// on the V2-only builds. Returns that run.
+async fn retire(
+    pool: &PgPool,
+    sup: &mut Supervisor,
+    m: &mut Measured,
+    fleet: Fleet,
+) -> Result<Vec<Started>, BoxError> {
+    println!("\n5. Retiring {V1}");
+    for queue in [CLASSIFY_QUEUE, DELIVER_QUEUE] {
+        let r = rollout::version_retirable(pool, V1, queue).await?;
+        expect(r["retirable"] == true, || {
+            format!("V1 retirable from {queue} once drained: {r}")
+        })?;
+        println!("   version_retirable({V1}, {queue}) = true");
+    }
+    let started = Instant::now();
+    let functions = [CLASSIFY_FUNCTION, DELIVER_FUNCTION];
+    rollout::fence(pool, &functions, "retire communityThreadsV1").await?;
+    rollout::deprecate_and_wait(pool, DEAD_WORKER_TIMEOUT, LIMIT).await?;
+    collect_fleet(sup, fleet).await?;
+    deploy_fenced(sup, Versions::V2).await?;
+    rollout::lift_fence(pool).await?;
+    let last = start_fleet(sup, Versions::V2, 1).await?;
+    m.retire_pause = started.elapsed();
+    let run = start_threads::<CommunityThreadsV2, _>(pool, [400]).await?;
+    expect(run[0].flow_slug == V2, || "the final run is V2".into())?;
+    Client::new(pool.clone())
+        .wait_json(run[0].run_id, LIMIT)
+        .await?;
+    println!("   V2-only builds serve both queues; a new run completed on {V2}");
+    for p in last.classify.iter().chain(&last.deliver) {
+        p.signal(Signal::SIGTERM)?;
+    }
+    collect_fleet(sup, last).await?;
+    Ok(run)
+}
+
+fn describe_gaps(gaps: &[pgflow_runtime::CoverageGap]) -> String {
+    gaps.iter()
+        .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Starts the retired V1-only classify build again (as a supervisor might, by mistake) while a V2 run waits
+/// and no worker runs, then a run by alias, then the current V2-only deliver build; repairs with V1+V2
+/// builds. Startup compiles and activates before it checks coverage, so a refused build still moves the
+/// alias: recorded, not required.
+async fn mistaken_start(
+    pool: &PgPool,
+    sup: &mut Supervisor,
+    m: &mut Measured,
+) -> Result<(Vec<Started>, Vec<Started>), BoxError> {
+    println!("\n6. The retired V1-only {CLASSIFY_FUNCTION} build started again by mistake while a V2 run waits");
+    let waiting = start_threads::<CommunityThreadsV2, _>(pool, [500]).await?;
+    expect(waiting[0].flow_slug == V2, || {
+        "the waiting run is V2".into()
+    })?;
+    let refused = classify_worker(pool.clone(), Versions::V1)
+        .build()?
+        .run(CancellationToken::new())
+        .await;
+    let Err(WorkerError::CoverageGap { gaps, .. }) = &refused else {
+        return Err(format!(
+            "the retired build must be refused while a V2 run waits, got {refused:?}"
+        )
+        .into());
+    };
+    let gaps: Vec<String> = gaps
+        .iter()
+        .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
+        .collect();
+    let alias = alias_target(pool).await?.unwrap_or_default();
+    println!(
+        "   refused ({}); the alias now points at {alias}",
+        gaps.join(", ")
+    );
+    let after = start_threads::<CommunityThreadsV2, _>(pool, [502]).await?;
+    println!("   the next run started by alias is {}", after[0].flow_slug);
+    let current = deliver_worker(pool.clone(), Versions::V2)
+        .build()?
+        .spawn(CancellationToken::new())
+        .await;
+    let current = match current {
+        Ok(handle) => {
+            handle.stop().await?;
+            "started".to_owned()
+        }
+        Err(WorkerError::CoverageGap { gaps, .. }) => format!(
+            "refused ({})",
+            gaps.iter()
+                .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    let alias_after = alias_target(pool).await?.unwrap_or_default();
+    println!("   the current V2-only {DELIVER_FUNCTION} build: {current}; the alias now points at {alias_after}");
+    m.mistaken_start = format!(
+        "retired V1-only build refused ({}) but moved the alias to {alias}; next run by alias: {}; current V2-only build: {current}, alias back to {alias_after}",
+        gaps.join(", "),
+        after[0].flow_slug
+    );
+    // Repair: builds that serve both versions again.
+    let mut repair = Vec::new();
+    for role in [Role::Classify, Role::Deliver] {
+        repair.push(sup.ready(role, Versions::V1AndV2).await?);
+    }
+    wait_until("every run to finish after the repair", || async {
+        Ok(scalar_i64(
+            pool,
+            "select count(*) from pgflow.runs where status = 'started'",
+        )
+        .await?
+            == 0)
+    })
+    .await?;
+    println!("   repaired with V1+V2 builds; both runs completed");
+    for p in repair {
+        p.signal(Signal::SIGTERM)?;
+        sup.collect(p).await?;
+    }
+    Ok((waiting, after))
+}
+
+/// What the SIGKILL measured.
+struct Crash {
+    started_at_kill: usize,
+    held: usize,
+    killed_at: f64,
+    detected_ms: f64,
+    recovered_ms: f64,
+}
+
+/// SIGKILLs `victim` while it holds tasks; measures how long until another worker has them.
+async fn crash(pool: &PgPool, victim: &mut Proc) -> Result<Crash, BoxError> {
+    let id = victim.worker_id.ok_or("victim not ready")?;
+    wait_until("the classify victim to hold tasks", || async {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "select count(*) from pgflow.step_tasks where last_worker_id = $1 and status = 'started'",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await?
+            >= 1)
+    })
+    .await?;
+    victim.signal(Signal::SIGKILL)?;
+    let killed_at = db_now(pool).await?;
+    let started_at_kill: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.step_tasks where last_worker_id = $1 and status = 'started'",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    // A statement the process had sent before it died still runs (and commits) on the server: wait until
+    // its sessions are gone before looking at what it left behind.
+    wait_until("the killed process's sessions to end", || async {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity where application_name = $1",
+        )
+        .bind(&victim.name)
+        .fetch_one(pool)
+        .await?
+            == 0)
+    })
+    .await?;
+    let runs: Vec<Uuid> = sqlx::query_scalar(
+        "select run_id from pgflow.step_tasks where last_worker_id = $1 and status = 'started'",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    expect(!runs.is_empty(), || "the killed worker held tasks".into())?;
+    let held = i64::try_from(runs.len())?;
+    println!(
+        "   SIGKILL {}: {started_at_kill} classify task(s) started under it at the kill, {held} left to recover once its sessions ended",
+        victim.name
+    );
+    wait_until(
+        "the killed worker's tasks to complete elsewhere",
+        || async {
+            Ok(sqlx::query_scalar::<_, i64>(
+                "select count(*) from pgflow.step_tasks \
+             where run_id = any ($1) and step_slug = 'classify' and status = 'completed'",
+            )
+            .bind(&runs)
+            .fetch_one(pool)
+            .await?
+                == held)
+        },
+    )
+    .await?;
+    let (detected, recovered, requeued, by_victim): (f64, f64, i64, i64) = sqlx::query_as(
+        "select extract(epoch from max(last_requeued_at))::float8 - $2, \
+                extract(epoch from max(started_at))::float8 - $2, \
+                count(*) filter (where requeued_count >= 1), \
+                count(*) filter (where last_worker_id = $3) \
+         from pgflow.step_tasks where run_id = any ($1) and step_slug = 'classify'",
+    )
+    .bind(&runs)
+    .bind(killed_at)
+    .bind(id)
+    .fetch_one(pool)
+    .await?;
+    expect(requeued == held && by_victim == 0, || {
+        format!("every task of the killed worker requeued and completed by another ({requeued} of {held} requeued, {by_victim} still its own)")
+    })?;
+    println!(
+        "   recovered: requeued {:.0} ms after the kill (dead_worker_timeout {} ms), running elsewhere {:.0} ms after it",
+        detected * 1000.0,
+        DEAD_WORKER_TIMEOUT.as_millis(),
+        recovered * 1000.0
+    );
+    Ok(Crash {
+        started_at_kill: usize::try_from(started_at_kill)?,
+        held: runs.len(),
+        killed_at,
+        detected_ms: detected * 1000.0,
+        recovered_ms: recovered * 1000.0,
+    })
+}
+
+/// What the SIGSTOP measured.
+struct Freeze {
+    held_ms: f64,
+    recovered_ms: f64,
+    side_effect: String,
+}
+
+/// SIGSTOPs the deliver process in the middle of the slow webhook call, until the task has been recovered
+/// and completed by the other deliver process; then resumes it, so its result arrives late.
+async fn freeze(pool: &PgPool, deliver: &[Proc]) -> Result<Freeze, BoxError> {
+    let (pid, run_id) = wait_for("the slow webhook call to start", || async {
+        let row: Option<(i32, Uuid, Option<String>)> = sqlx::query_as(
+            "select pid, run_id, outcome from community.invocations \
+             where thread_id = $1 and step_slug = 'deliverSlack' order by id limit 1",
+        )
+        .bind(SLOW_WEBHOOK_THREAD)
+        .fetch_optional(pool)
+        .await?;
+        match row {
+            Some((_, _, Some(outcome))) => Err(format!(
+                "the slow webhook call ended ({outcome}) before it could be frozen"
+            )
+            .into()),
+            Some((pid, run, None)) => Ok(Some((pid, run))),
+            None => Ok(None),
+        }
+    })
+    .await?;
+    let frozen = deliver
+        .iter()
+        .find(|p| p.pid == pid)
+        .ok_or("the slow call runs in no deliver process")?;
+    frozen.signal(Signal::SIGSTOP)?;
+    let stopped_at = db_now(pool).await?;
+    println!(
+        "   SIGSTOP {} in the middle of the slow webhook call (thread {SLOW_WEBHOOK_THREAD})",
+        frozen.name
+    );
+    wait_until("the frozen delivery to complete elsewhere", || async {
+        Ok(sqlx::query_scalar::<_, String>(
+            "select status from pgflow.step_states where run_id = $1 and step_slug = 'deliverSlack'",
+        )
+        .bind(run_id)
+        .fetch_one(pool)
+        .await?
+            == "completed")
+    })
+    .await?;
+    let (reclaimed, attempt): (f64, i32) = sqlx::query_as(
+        "select extract(epoch from started_at)::float8 - $2, attempts_count from pgflow.step_tasks \
+         where run_id = $1 and step_slug = 'deliverSlack'",
+    )
+    .bind(run_id)
+    .bind(stopped_at)
+    .fetch_one(pool)
+    .await?;
+    let resumed_at = db_now(pool).await?;
+    frozen.signal(Signal::SIGCONT)?;
+    println!(
+        "   its task ran again elsewhere {:.0} ms after the stop and completed (attempt {attempt}); SIGCONT after {:.0} ms",
+        reclaimed * 1000.0,
+        (resumed_at - stopped_at) * 1000.0
+    );
+    wait_until("the resumed attempt to finish", || async {
+        Ok(sqlx::query_scalar::<_, i64>(
+            "select count(*) from community.invocations where run_id = $1 and step_slug = 'deliverSlack' and finished_at is not null",
+        )
+        .bind(run_id)
+        .fetch_one(pool)
+        .await?
+            >= 2)
+    })
+    .await?;
+    let calls: Vec<(i32, String)> = sqlx::query_as(
+        "select attempt, outcome from community.invocations where run_id = $1 and step_slug = 'deliverSlack' order by attempt",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?;
+    let (recorded, posts, post_attempt): (Value, i64, i32) = sqlx::query_as(
+        "select ss.output, (select count(*) from community.slack_posts p where p.thread_id = $2), \
+                (select p.attempt from community.slack_posts p where p.thread_id = $2) \
+         from pgflow.step_states ss where ss.run_id = $1 and ss.step_slug = 'deliverSlack'",
+    )
+    .bind(run_id)
+    .bind(SLOW_WEBHOOK_THREAD)
+    .fetch_one(pool)
+    .await?;
+    let outcomes: Vec<String> = calls
+        .iter()
+        .map(|(a, o)| format!("attempt {a}: {o}"))
+        .collect();
+    expect(posts == 1, || {
+        format!("one Slack post for the frozen thread, found {posts}")
+    })?;
+    expect(
+        recorded["attempt"] == attempt && recorded["posted"] == true,
+        || format!("the recorded output is the recovering attempt's: {recorded}"),
+    )?;
+    expect(
+        calls.first().map(|c| c.1.as_str()) == Some("duplicate"),
+        || format!("the resumed first attempt found the post already made: {outcomes:?}"),
+    )?;
+    let side_effect = format!(
+        "handler calls {}; recorded output from attempt {}; Slack posts 1 (by attempt {post_attempt})",
+        outcomes.join(", "),
+        recorded["attempt"]
+    );
+    println!("   {side_effect}");
+    Ok(Freeze {
+        held_ms: (resumed_at - stopped_at) * 1000.0,
+        recovered_ms: reclaimed * 1000.0,
+        side_effect,
+    })
+}
+
+/// Starts a run whose classification is slow, and while it runs makes its message visible again by hand,
+/// as if its visibility had expired: a worker reads the message a second time. Records the message's read
+/// count and the number of handler calls of its task; returns the run.
+async fn read_twice(pool: &PgPool, m: &mut Measured) -> Result<Vec<Started>, BoxError> {
+    println!("\n4. A message made visible again while its task runs");
+    let run = start_threads::<CommunityThreadsV2, _>(pool, [SLOW_MODEL_THREAD]).await?;
+    let run_id = run[0].run_id;
+    let msg_id: i64 = wait_for("the slow classification to start", || async {
+        let row: Option<(i64, String)> = sqlx::query_as(
+            "select message_id, status from pgflow.step_tasks where run_id = $1 and step_slug = 'classify'",
+        )
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?;
+        Ok(row.and_then(|(id, status)| (status == "started").then_some(id)))
+    })
+    .await?;
+    // Fault injection: the one direct PGMQ call of this program.
+    sqlx::query("select pgmq.set_vt($1, $2, 0)")
+        .bind(CLASSIFY_QUEUE)
+        .bind(msg_id)
+        .execute(pool)
+        .await?;
+    wait_until("a second read of the message", || async {
+        let reads: Option<i32> = sqlx::query_scalar(
+            "select read_ct from pgmq.q_classify_threads where msg_id = $1 \
+             union all select read_ct from pgmq.a_classify_threads where msg_id = $1",
+        )
+        .bind(msg_id)
+        .fetch_optional(pool)
+        .await?;
+        Ok(reads.unwrap_or(0) >= 2)
+    })
+    .await?;
+    Client::new(pool.clone()).wait_json(run_id, LIMIT).await?;
+    let (reads, attempts): (i32, i32) = sqlx::query_as(
+        "select a.read_ct, t.attempts_count from pgmq.a_classify_threads a \
+         join pgflow.step_tasks t on t.message_id = a.msg_id and t.queue_name = 'classify_threads' where a.msg_id = $1",
+    )
+    .bind(msg_id)
+    .fetch_one(pool)
+    .await?;
+    let calls: i64 = sqlx::query_scalar(
+        "select count(*) from community.invocations where run_id = $1 and step_slug = 'classify'",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await?;
+    expect(reads >= 2 && attempts == 1 && calls == 1, || {
+        format!("a message read {reads} times ran {calls} handler call(s) in {attempts} attempt(s)")
+    })?;
+    println!("   message {msg_id} read {reads} times; its task ran once (attempt 1): the second read was deferred");
+    m.reads_of_twice_read_message = reads;
+    m.invocations_of_twice_read_task = calls;
+    Ok(run)
+}
+
+/// Checks every expectation about the finished runs from the database.
+async fn verify(pool: &PgPool, all: &[&Started], m: &mut Measured) -> Result<(), BoxError> {
+    // Every run completed once, on the version recorded when it started.
+    let runs: Vec<(Uuid, String, String)> =
+        sqlx::query_as("select run_id, flow_slug, status from pgflow.runs")
+            .fetch_all(pool)
+            .await?;
+    let by_id: BTreeMap<Uuid, (String, String)> =
+        runs.into_iter().map(|(r, f, s)| (r, (f, s))).collect();
+    for s in all {
+        let (flow, status) = by_id.get(&s.run_id).ok_or("a run is missing")?;
+        expect(flow == &s.flow_slug && status == "completed", || {
+            format!(
+                "thread {}: run {} is {flow}/{status}, started as {}",
+                s.thread, s.run_id, s.flow_slug
+            )
+        })?;
+    }
+    expect(by_id.values().all(|(_, s)| s == "completed"), || {
+        "every run completed".into()
+    })?;
+    // Output shapes: V1's classification has no confidence, V2's always has one.
+    let shapes: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "select r.flow_slug, count(*), count(*) filter (where t.output ? 'confidence'), \
+                count(*) filter (where d.output is not null and d.output ->> 'version' <> \
+                                 case r.flow_slug when 'communityThreadsV1' then 'v1' else 'v2' end) \
+         from pgflow.runs r \
+         join pgflow.step_tasks t on t.run_id = r.run_id and t.step_slug = 'classify' \
+         left join pgflow.step_tasks d on d.run_id = r.run_id and d.step_slug = 'deliverSlack' \
+         group by r.flow_slug order by 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (flow, n, scored, wrong) in &shapes {
+        let ok = if flow == V1 {
+            *scored == 0
+        } else {
+            scored == n
+        };
+        expect(ok && *wrong == 0, || {
+            format!("{flow}: {scored} of {n} classifications scored, {wrong} deliveries by another version")
+        })?;
+    }
+    // Every handler call ran the handler of its run's version.
+    let mismatched = scalar_i64(
+        pool,
+        "select count(*) from community.invocations i join pgflow.runs r using (run_id) where i.flow_slug <> r.flow_slug",
+    )
+    .await?;
+    expect(mismatched == 0, || {
+        format!("{mismatched} handler calls of another version")
+    })?;
+    m.v1_tasks_run_by_new_builds = sqlx::query_scalar(
+        "select count(*) from pgflow.step_tasks where flow_slug = $1 and status = 'completed' and last_worker_id = any ($2)",
+    )
+    .bind(V1)
+    .bind(&m.new_builds)
+    .fetch_one(pool)
+    .await?;
+    expect(m.v1_tasks_run_by_new_builds > 0, || {
+        "the V1+V2 builds ran V1 tasks".into()
+    })?;
+    // The domain: one Slack post per help thread, every help thread delivered, every chat thread classified.
+    let (help, delivered, posts, chat_classified, chat): (i64, i64, i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where route = 'help'), count(*) filter (where route = 'help' and status = 'delivered'), \
+                (select count(*) from community.slack_posts), \
+                count(*) filter (where route = 'chat' and status = 'classified'), count(*) filter (where route = 'chat') \
+         from community.threads",
+    )
+    .fetch_one(pool)
+    .await?;
+    expect(
+        help == delivered && help == posts && chat == chat_classified,
+        || {
+            format!("{help} help threads, {delivered} delivered, {posts} Slack posts; {chat_classified} of {chat} chat threads classified")
+        },
+    )?;
+    // Retries: every first classify call of an overloaded thread failed (unless SIGKILL cut it short), and
+    // each of those tasks completed on a later attempt.
+    let (first_calls, failed, retried): (i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where i.attempt = 1 and i.finished_at is not null and i.thread_id % 10 = 3), \
+                count(*) filter (where i.outcome = 'failed'), \
+                count(*) filter (where i.outcome = 'failed' and t.status = 'completed' and t.attempts_count >= 2) \
+         from community.invocations i join pgflow.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug \
+         where i.step_slug = 'classify'",
+    )
+    .fetch_one(pool)
+    .await?;
+    expect(
+        first_calls > 0 && failed == first_calls && retried == failed,
+        || {
+            format!("{first_calls} first calls of overloaded threads: {failed} failed, {retried} retried to completion")
+        },
+    )?;
+    Ok(())
+}
+
+/// Prints the measured numbers.
+async fn report(
+    pool: &PgPool,
+    sup: &Supervisor,
+    m: &Measured,
+    wall: Duration,
+) -> Result<(), BoxError> {
+    let crash = m.crash.as_ref().ok_or("no crash measured")?;
+    let freeze = m.freeze.as_ref().ok_or("no freeze measured")?;
+    let versions: Vec<(String, i64)> = sqlx::query_as(
+        "select flow_slug, count(*) from pgflow.runs where status = 'completed' group by 1 order by 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    let (calls, failed, killed, dup): (i64, i64, i64, i64) = sqlx::query_as(
+        "select count(*), count(*) filter (where outcome = 'failed'), \
+                count(*) filter (where finished_at is null), count(*) filter (where outcome = 'duplicate') \
+         from community.invocations",
+    )
+    .fetch_one(pool)
+    .await?;
+    let tasks = scalar_i64(
+        pool,
+        "select count(*) from pgflow.step_tasks where status = 'completed'",
+    )
+    .await?;
+    // A call cut short by SIGKILL ends at the kill.
+    let calls_cte = "with c as (select id, run_id, step_slug, pid, started_at as s, \
+                     coalesce(finished_at, to_timestamp($1)) as e, outcome from community.invocations)";
+    let (overlaps, posted_twice, finished_twice): (i64, i64, i64) = sqlx::query_as(&format!(
+        "{calls_cte} select \
+           (select count(*) from c a join c b on a.run_id = b.run_id and a.step_slug = b.step_slug \
+              and a.id < b.id and b.s < a.e and a.s < b.e), \
+           (select count(*) from (select run_id from c where step_slug = 'deliverSlack' and outcome = 'ok' \
+              group by 1 having count(*) > 1) x), \
+           (select count(*) from (select run_id, step_slug from c where outcome in ('ok', 'duplicate') \
+              group by 1, 2 having count(*) > 1) x)"
+    ))
+    .bind(crash.killed_at)
+    .fetch_one(pool)
+    .await?;
+    // Most handler calls running at once, per process and per queue.
+    let peaks: Vec<(String, i32, i64)> = sqlx::query_as(&format!(
+        "{calls_cte} select a.step_slug, a.pid, max((select count(*) from c b where b.step_slug = a.step_slug \
+           and b.pid = a.pid and b.s <= a.s and b.e > a.s)) from c a group by 1, 2 order by 1, 2"
+    ))
+    .bind(crash.killed_at)
+    .fetch_all(pool)
+    .await?;
+    let queue_peaks: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "{calls_cte} select a.step_slug, max((select count(*) from c b where b.step_slug = a.step_slug \
+           and b.s <= a.s and b.e > a.s)) from c a group by 1 order by 1"
+    ))
+    .bind(crash.killed_at)
+    .fetch_all(pool)
+    .await?;
+    let stale: u64 = sup.stopped.iter().map(|(_, s)| s.stale).sum();
+    let released: u64 = sup.stopped.iter().map(|(_, s)| s.released).sum();
+    let recorded_failures: u64 = sup.stopped.iter().map(|(_, s)| s.failed).sum();
+    let cap = |step: &str| {
+        if step == "classify" {
+            CLASSIFY_CONCURRENCY
+        } else {
+            DELIVER_CONCURRENCY
+        }
+    };
+    for (step, pid, peak) in &peaks {
+        expect(usize::try_from(*peak)? <= cap(step), || {
+            format!(
+                "process {pid} ran {peak} {step} calls at once (max_concurrent {})",
+                cap(step)
+            )
+        })?;
+    }
+    expect(stale >= 1, || {
+        "the resumed worker reported its late result as stale".into()
+    })?;
+    expect(posted_twice == 0, || {
+        format!("{posted_twice} threads posted to Slack twice")
+    })?;
+    expect(overlaps >= 1, || {
+        "the frozen call overlapped its recovery".into()
+    })?;
+
+    let per_process: Vec<String> = ["classify", "deliverSlack"]
+        .iter()
+        .map(|step| {
+            let peak = peaks
+                .iter()
+                .filter(|p| p.0 == *step)
+                .map(|p| p.2)
+                .max()
+                .unwrap_or(0);
+            format!("{step} {peak} (max_concurrent {})", cap(step))
+        })
+        .collect();
+    let per_queue: Vec<String> = queue_peaks
+        .iter()
+        .map(|(step, peak)| format!("{step} {peak}"))
+        .collect();
+    let versions: Vec<String> = versions.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    let rows = [
+        ("runs completed", versions.join(", ")),
+        (
+            "V1 runs",
+            format!(
+                "{} before the rollout ({} in flight when it began) + {} started during the fence",
+                m.v1_runs_before_rollout, m.v1_in_flight_at_fence, m.v1_runs_during_fence
+            ),
+        ),
+        (
+            "V2 runs",
+            format!("{} started by alias after activation, then 2 more (read twice, final)", m.v2_runs),
+        ),
+        ("V1 tasks run by V1+V2 builds", m.v1_tasks_run_by_new_builds.to_string()),
+        (
+            "rollout",
+            format!(
+                "old workers drained in {} ms; claims paused {} ms (disable → new builds serving)",
+                m.drain.as_millis(),
+                m.claim_pause.as_millis()
+            ),
+        ),
+        ("V1 not retirable while live", m.not_retirable.join("; ")),
+        ("coverage refusal", format!("V2-only {DELIVER_FUNCTION}: {}", m.coverage_refusal)),
+        (
+            "retirement",
+            format!("claims paused {} ms (disable → V2-only builds serving)", m.retire_pause.as_millis()),
+        ),
+        (
+            "handler calls",
+            format!(
+                "{calls} for {tasks} completed tasks: {failed} failed once and retried, {killed} cut by SIGKILL, \
+                 {dup} refused second Slack post; failures in the reports of the workers that stopped cleanly {recorded_failures}, tasks handed back {released}"
+            ),
+        ),
+        (
+            "crash (SIGKILL)",
+            format!(
+                "{} classify task(s) started under it, {} left once its sessions ended; requeued after {:.0} ms, \
+                 running elsewhere after {:.0} ms (heartbeat 250 ms, dead_worker_timeout {} ms)",
+                crash.started_at_kill,
+                crash.held,
+                crash.detected_ms,
+                crash.recovered_ms,
+                DEAD_WORKER_TIMEOUT.as_millis()
+            ),
+        ),
+        (
+            "ambiguity (SIGSTOP)",
+            format!(
+                "frozen {:.0} ms; its task running elsewhere after {:.0} ms; stale results ignored {stale}; {}",
+                freeze.held_ms, freeze.recovered_ms, freeze.side_effect
+            ),
+        ),
+        (
+            "read twice",
+            format!(
+                "message read {} times, {} handler call",
+                m.reads_of_twice_read_message, m.invocations_of_twice_read_task
+            ),
+        ),
+        (
+            "concurrency",
+            format!(
+                "2 processes per queue; most calls at once per process: {}; per queue: {}",
+                per_process.join(", "),
+                per_queue.join(", ")
+            ),
+        ),
+        (
+            "duplicates",
+            format!(
+                "overlapping calls of one task {overlaps}; tasks whose handler finished twice {finished_twice}, \
+                 each with one recorded result; Slack posts made twice {posted_twice}"
+            ),
+        ),
+        ("typed handle", m.cross_version_handle.clone()),
+        ("mistaken restart", m.mistaken_start.clone()),
+        ("worker warnings", sup.warnings.len().to_string()),
+    ];
+    println!("\n== Report ==");
+    for (label, value) in rows {
+        println!("{label:<29}{value}");
+    }
+    let all_warnings = std::env::var_os("COMMUNITY_ROLLOUT_VERBOSE").is_some();
+    for w in &sup.warnings {
+        if all_warnings
+            || w.contains("stale")
+            || w.contains("declared dead")
+            || w.contains("recovered")
+        {
+            println!("  {}", truncate(w, 200));
+        }
+    }
+    println!("{:<29}{:.1} s", "wall time", wall.as_secs_f64());
+    Ok(())
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    }
+}
