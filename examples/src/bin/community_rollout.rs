@@ -1338,11 +1338,15 @@ async fn report(
     )
     .fetch_all(pool)
     .await?;
-    let (calls, failed, killed, dup): (i64, i64, i64, i64) = sqlx::query_as(
-        "select count(*), count(*) filter (where outcome = 'failed'), \
-                count(*) filter (where finished_at is null), count(*) filter (where outcome = 'duplicate') \
-         from community.invocations",
-    )
+    let (calls, failed, killed, dup, overloaded, overloaded_killed): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "select count(*), count(*) filter (where outcome = 'failed'), \
+                    count(*) filter (where finished_at is null), count(*) filter (where outcome = 'duplicate'), \
+                    count(distinct thread_id) filter (where step_slug = 'classify' and thread_id % 10 = 3), \
+                    count(*) filter (where step_slug = 'classify' and thread_id % 10 = 3 and attempt = 1 \
+                                       and finished_at is null) \
+             from community.invocations",
+        )
     .fetch_one(pool)
     .await?;
     let tasks = scalar_i64(
@@ -1430,13 +1434,17 @@ async fn report(
         (
             "V1 runs",
             format!(
-                "{} before the rollout ({} in flight when it began) + {} started during the fence",
+                "{} before the rollout ({} in flight when it began) + {} started during the fence \
+                 + 1 started by alias after the mistaken restart (phase 6)",
                 m.v1_runs_before_rollout, m.v1_in_flight_at_fence, m.v1_runs_during_fence
             ),
         ),
         (
             "V2 runs",
-            format!("{} started by alias after activation, then 2 more (read twice, final)", m.v2_runs),
+            format!(
+                "{} started by alias after activation + 3 later (read twice, after retirement, waiting in phase 6)",
+                m.v2_runs
+            ),
         ),
         ("V1 tasks run by V1+V2 builds", m.v1_tasks_run_by_new_builds.to_string()),
         (
@@ -1456,8 +1464,10 @@ async fn report(
         (
             "handler calls",
             format!(
-                "{calls} for {tasks} completed tasks: {failed} failed once and retried, {killed} cut by SIGKILL, \
-                 {dup} refused second Slack post; failures in the reports of the workers that stopped cleanly {recorded_failures}, tasks handed back {released}"
+                "{calls} for {tasks} completed tasks: {failed} failed once and retried ({overloaded} overloaded \
+                 threads, {overloaded_killed} of whose first call SIGKILL cut short), {killed} cut by SIGKILL, \
+                 {dup} refused second Slack post; failures in the reports of the workers that stopped cleanly \
+                 {recorded_failures}, tasks handed back {released}"
             ),
         ),
         (
