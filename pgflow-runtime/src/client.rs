@@ -86,6 +86,17 @@ pub enum WaitError {
         #[source]
         source: serde_json::Error,
     },
+    /// The handle is typed by one version, but its run is of another (an alias resolved to the version it
+    /// points at now): take the handle of the run's version with [`RunHandle::as_version`].
+    #[error("run {run_id} is a run of `{flow_slug}`, not of `{expected_flow_slug}` (the alias resolved to `{flow_slug}`); wait through the handle `as_version::<F>()` returns for the flow type of `{flow_slug}`")]
+    OtherVersion {
+        /// The run.
+        run_id: Uuid,
+        /// The flow the handle is typed by.
+        expected_flow_slug: &'static str,
+        /// The run's concrete flow.
+        flow_slug: String,
+    },
     /// A database error.
     #[error("database error while waiting: {0}")]
     Database(#[from] sqlx::Error),
@@ -279,7 +290,10 @@ impl Client {
 
     /// Starts a run of deployment `D` by its alias (or its concrete slug when it has none), with a typed
     /// input. The handle reports the concrete version the alias resolved to
-    /// ([`RunHandle::flow_slug`]); waiting works as for [`Client::start`].
+    /// ([`RunHandle::flow_slug`]); waiting works as for [`Client::start`] when that is `D`'s flow. When the
+    /// alias points at another version, [`RunHandle::wait`] refuses ([`WaitError::OtherVersion`]) rather
+    /// than decode one version's output as another's: take [`RunHandle::as_version`] of the version it
+    /// resolved to.
     ///
     /// ```no_run
     /// # use pgflow_runtime::{deployment, flow, queue};
@@ -494,8 +508,16 @@ impl<F: Flow> RunHandle<F> {
     ///
     /// # Errors
     ///
-    /// See [`Client::wait`].
+    /// [`WaitError::OtherVersion`] at once when the run is not of `F` (a handle of
+    /// [`Client::start_deployed`] whose alias resolved to another version); otherwise see [`Client::wait`].
     pub async fn wait(&self, timeout: Duration) -> Result<F::Output, WaitError> {
+        if self.flow_slug != F::SLUG {
+            return Err(WaitError::OtherVersion {
+                run_id: self.run_id,
+                expected_flow_slug: F::SLUG,
+                flow_slug: self.flow_slug.clone(),
+            });
+        }
         self.client.wait::<F>(self.run_id, timeout).await
     }
 }

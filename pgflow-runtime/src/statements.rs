@@ -8,6 +8,14 @@
 pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compiled(\
      flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5, alias => $6)";
 
+/// Points an alias at a compiled version → `{alias, flow_slug, previous_flow_slug, activated_at, activated}`.
+pub(crate) const ACTIVATE_ALIAS: &str =
+    "select pgflow.activate_alias(alias => $1, flow_slug => $2)";
+
+/// Tracks the worker function → `{enabled, disabled_reason, ...}`: the fence, checked before activation.
+pub(crate) const TRACK_WORKER_FUNCTION: &str =
+    "select pgflow.track_worker_function(function_name => $1)";
+
 /// The persisted route map of a flow: `(step_slug, queue_name)` in step order.
 pub(crate) const FLOW_ROUTES: &str =
     "select step_slug, queue_name from pgflow.flow_routes(flow_slug => $1) \

@@ -1,12 +1,14 @@
 //! Startup, in this order, before a worker registers or polls: check the registry (one entry per concrete
-//! flow, each serving a step of the queue), check the schema, compile or verify every deployment (activating
-//! its alias) and its routes, derive the (flow, step) pairs of the queue, refuse on any coverage gap, register.
+//! flow, each serving a step of the queue), check the schema, compile or verify every deployment and its
+//! routes, derive the (flow, step) pairs of the queue, check the worker function's fence, then activate the
+//! aliases and check the queue's coverage in one transaction (rolled back on a gap), and register.
 //!
-//! Compilation and alias activation commit before registration: when a later step fails, what they did stays
-//! (durable tasks stay queued for a worker that can run them).
+//! Compilation commits before anything else is checked: when a later step fails, the persisted versions stay
+//! (they are immutable) and durable tasks stay queued for a worker that can run them. Aliases move only when
+//! every check has passed: a fenced or refused start leaves them where they were.
 
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
@@ -32,8 +34,9 @@ pub(crate) async fn prepare(
     check_schema(pool, config.auto_install).await?;
 
     let mut deployments = Vec::with_capacity(registry.flows.len());
+    // The deployments whose alias this worker activates: of those sharing an alias, the one served last.
+    let mut activations: Vec<(usize, &'static str)> = Vec::new();
     for (i, flow) in registry.flows.iter().enumerate() {
-        // Of the deployments sharing an alias, the one served last activates it.
         let superseded_by = flow.alias.and_then(|alias| {
             registry.flows[i + 1..]
                 .iter()
@@ -41,18 +44,20 @@ pub(crate) async fn prepare(
                 .find(|later| later.alias == Some(alias))
                 .map(|later| later.slug)
         });
-        let activate = flow.alias.filter(|_| superseded_by.is_none());
-        let (compile_status, activation) =
-            compile(pool, flow, activate, config.compilation).await?;
+        let compile_status = compile(pool, flow, config.compilation).await?;
         verify_routes(pool, flow, &registry.queue).await?;
         let alias = match (flow.alias, superseded_by) {
-            (Some(alias), Some(by)) if compile_status != CompileStatus::Skipped => {
-                AliasActivation::Superseded {
-                    alias: alias.to_owned(),
-                    by_flow_slug: by.to_owned(),
-                }
+            // Compilation skipped: the version is someone else's to deploy, and so is its alias.
+            (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
+            (Some(alias), Some(by)) => AliasActivation::Superseded {
+                alias: alias.to_owned(),
+                by_flow_slug: by.to_owned(),
+            },
+            (Some(alias), None) => {
+                activations.push((i, alias));
+                AliasActivation::None
             }
-            _ => activation,
+            (None, _) => AliasActivation::None,
         };
         deployments.push(DeploymentStatus {
             flow_slug: flow.slug.to_owned(),
@@ -62,13 +67,30 @@ pub(crate) async fn prepare(
         });
     }
 
-    let (flow_slugs, step_slugs) = registry.pairs();
-    check_coverage(pool, &registry.queue, &flow_slugs, &step_slugs).await?;
-
     let function_name = config
         .worker_name
         .clone()
         .unwrap_or_else(|| registry.queue.clone());
+    check_fence(pool, &function_name).await?;
+
+    let (flow_slugs, step_slugs) = registry.pairs();
+    let mut tx = pool.begin().await.during("activating aliases")?;
+    for &(i, alias) in &activations {
+        deployments[i].alias = activate(&mut tx, registry.flows[i].slug, alias).await?;
+    }
+    check_coverage(&mut tx, &registry.queue, &flow_slugs, &step_slugs).await?;
+    tx.commit().await.during("activating aliases")?;
+    for deployment in &deployments {
+        if let AliasActivation::Activated {
+            alias,
+            previous_flow_slug,
+        } = &deployment.alias
+        {
+            tracing::info!(alias = %alias, flow = %deployment.flow_slug, previous = ?previous_flow_slug,
+                "alias activated: new runs of the alias start this version");
+        }
+    }
+
     let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
         .bind(&function_name)
@@ -127,9 +149,54 @@ fn check_registry(registry: &Registry) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// Every pair the queue can carry must be one this worker runs (`pgflow.queue_coverage_gaps`).
+/// A fenced worker function stops here, before it activates anything (`register_worker` checks again: the
+/// fence may land in between).
+async fn check_fence(pool: &PgPool, function_name: &str) -> Result<(), WorkerError> {
+    let state: Value = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
+        .bind(function_name)
+        .fetch_one(pool)
+        .await
+        .during("checking the worker function's fence")?;
+    if state["enabled"] == Value::Bool(false) {
+        return Err(WorkerError::FunctionDisabled {
+            function_name: function_name.to_owned(),
+            reason: state["disabled_reason"].as_str().map(str::to_owned),
+        });
+    }
+    Ok(())
+}
+
+/// Points `alias` at `flow_slug` (`pgflow.activate_alias`), inside the caller's transaction.
+async fn activate(
+    conn: &mut PgConnection,
+    flow_slug: &'static str,
+    alias: &'static str,
+) -> Result<AliasActivation, WorkerError> {
+    let result: Value = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
+        .bind(alias)
+        .bind(flow_slug)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| routing_or_database(flow_slug, "activating the alias", e))?;
+    match result["activated"].as_bool() {
+        Some(true) => Ok(AliasActivation::Activated {
+            alias: alias.to_owned(),
+            previous_flow_slug: result["previous_flow_slug"].as_str().map(str::to_owned),
+        }),
+        Some(false) => Ok(AliasActivation::AlreadyActive {
+            alias: alias.to_owned(),
+        }),
+        None => Err(WorkerError::UnexpectedResult {
+            during: "activating the alias",
+            result: format!("activate_alias {result}"),
+        }),
+    }
+}
+
+/// Every pair the queue can carry must be one this worker runs (`pgflow.queue_coverage_gaps`); checked in the
+/// transaction that activates the aliases, so it sees them pointing at the versions this worker activates.
 async fn check_coverage(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     queue: &str,
     flow_slugs: &[&'static str],
     step_slugs: &[&'static str],
@@ -139,7 +206,7 @@ async fn check_coverage(
         .bind(queue)
         .bind(flow_slugs)
         .bind(step_slugs)
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await
         .during("checking the queue's coverage")?;
     if rows.is_empty() {
@@ -256,15 +323,14 @@ async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerErr
     }
 }
 
-/// Compiles or verifies one deployment, activating `alias` (when given) once the version is persisted.
+/// Compiles or verifies one deployment (no alias: aliases move once every startup check has passed).
 async fn compile(
     pool: &PgPool,
     flow: &FlowEntry,
-    alias: Option<&'static str>,
     compilation: Compilation,
-) -> Result<(CompileStatus, AliasActivation), WorkerError> {
+) -> Result<CompileStatus, WorkerError> {
     let allow_data_loss = match compilation {
-        Compilation::Skip => return Ok((CompileStatus::Skipped, AliasActivation::None)),
+        Compilation::Skip => return Ok(CompileStatus::Skipped),
         Compilation::Verify => false,
         Compilation::AllowDataLoss => true,
     };
@@ -275,7 +341,7 @@ async fn compile(
         .bind(allow_data_loss)
         .bind(queue_mode)
         .bind(routes)
-        .bind(alias)
+        .bind(None::<&str>)
         .fetch_one(pool)
         .await
         .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
@@ -311,32 +377,7 @@ async fn compile(
             })
         }
     };
-    let Some(alias) = alias else {
-        return Ok((status, AliasActivation::None));
-    };
-    let activation = match result["alias"]["activated"].as_bool() {
-        Some(true) => {
-            let previous_flow_slug = result["alias"]["previous_flow_slug"]
-                .as_str()
-                .map(str::to_owned);
-            tracing::info!(alias, flow = flow.slug, previous = ?previous_flow_slug,
-                "alias activated: new runs of the alias start this version");
-            AliasActivation::Activated {
-                alias: alias.to_owned(),
-                previous_flow_slug,
-            }
-        }
-        Some(false) => AliasActivation::AlreadyActive {
-            alias: alias.to_owned(),
-        },
-        None => {
-            return Err(WorkerError::UnexpectedResult {
-                during: "activating the alias",
-                result: format!("ensure_flow_compiled alias {}", result["alias"]),
-            })
-        }
-    };
-    Ok((status, activation))
+    Ok(status)
 }
 
 /// Startup visibility of missing step workers: routes with queued work and no live worker.

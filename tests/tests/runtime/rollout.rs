@@ -149,7 +149,7 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
     }
 
     // 3. Deploy every affected function while it stays disabled, each with both versions: the first one
-    //    compiles V2 and activates the alias, and none of them claims anything.
+    //    compiles V2; a fenced start activates nothing and claims nothing.
     let err = classify(pool, true, true)
         .run(CancellationToken::new())
         .await
@@ -160,8 +160,15 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
     );
     assert_eq!(
         support::alias_target(pool, ALIAS).await.as_deref(),
-        Some(V2)
+        Some(V1)
     );
+    let compiled: bool =
+        sqlx::query_scalar("select exists (select 1 from pgflow.flows where flow_slug = $1)")
+            .bind(V2)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert!(compiled, "the fenced start compiled V2");
     let err = deliver(pool, true, true)
         .run(CancellationToken::new())
         .await
@@ -172,7 +179,7 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
         assert_eq!((status.as_str(), attempts), ("queued", 0));
     }
 
-    // 4. Re-enable exactly the recorded set, and let supervision start them.
+    // 4. Re-enable exactly the recorded set, and let supervision start them: the first one activates V2.
     execute(
         pool,
         "select pgflow.enable_worker_function(function_name) from rollout_fence",
@@ -191,6 +198,13 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
     );
     assert_eq!(
         statuses[1].alias,
+        AliasActivation::Activated {
+            alias: ALIAS.into(),
+            previous_flow_slug: Some(V1.into())
+        }
+    );
+    assert_eq!(
+        new_deliver.deployments()[1].alias,
         AliasActivation::AlreadyActive {
             alias: ALIAS.into()
         }
@@ -388,4 +402,104 @@ async fn v1_is_retirable_only_after_its_runs_drain_and_then_a_worker_without_it_
     );
     c3.stop().await;
     d3.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_start_of_a_retired_build_leaves_the_alias_where_it_was_and_an_operator_can_move_it(
+) {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    // Both versions compiled; V2 active; then a V2 run waits in the classify queue with no worker.
+    let both = support::spawn_with(classify(pool, true, true)).await;
+    both.stop().await;
+    assert_eq!(
+        support::alias_target(pool, ALIAS).await.as_deref(),
+        Some(V2)
+    );
+    let run = client
+        .start_deployed::<CommunityV2>(&thread("waiting?"))
+        .await
+        .unwrap();
+    assert_eq!(run.flow_slug(), V2);
+
+    // The retired V1-only build, started by mistake: refused, and the alias has not moved.
+    let err = classify(pool, true, false)
+        .run(CancellationToken::new())
+        .await
+        .unwrap_err();
+    let WorkerError::CoverageGap { gaps, .. } = &err else {
+        panic!("expected a coverage gap, got {err}");
+    };
+    assert!(gaps.iter().all(|g| g.flow_slug == V2), "{err}");
+    assert_eq!(
+        support::alias_target(pool, ALIAS).await.as_deref(),
+        Some(V2),
+        "a refused start moved the alias"
+    );
+
+    // An operator rolls back explicitly, and forward again; an unknown version is refused by name.
+    let back: Value = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
+        .bind(ALIAS)
+        .bind(V1)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(back["activated"], true, "{back}");
+    assert_eq!(back["previous_flow_slug"], V2, "{back}");
+    let again: Value = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
+        .bind(ALIAS)
+        .bind(V2)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(again["flow_slug"], V2, "{again}");
+    let err = sqlx::query("select pgflow.activate_alias($1, 'communityThreadsV9')")
+        .bind(ALIAS)
+        .execute(pool)
+        .await
+        .unwrap_err();
+    let db_err = err.as_database_error().unwrap();
+    assert_eq!(db_err.code().as_deref(), Some("PF019"));
+    assert!(db_err.message().contains("communityThreadsV9"), "{err}");
+
+    // The current build starts and the waiting run completes.
+    let c = support::spawn_with(classify(pool, false, true)).await;
+    let d = support::spawn_with(deliver(pool, false, true)).await;
+    assert_eq!(
+        run.as_version::<ThreadsV2>()
+            .expect("a V2 run")
+            .wait(LIMIT)
+            .await
+            .unwrap()
+            .deliver_slack,
+        "v2 delivered help (classified by v2)"
+    );
+    c.stop().await;
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_handle_typed_by_one_version_refuses_to_wait_for_a_run_of_another() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    let both = support::spawn_with(classify(pool, true, true)).await;
+    both.stop().await;
+    // The alias points at V2: a start through V1's deployment runs V2.
+    let run = client
+        .start_deployed::<CommunityV1>(&thread("which?"))
+        .await
+        .unwrap();
+    assert_eq!(run.flow_slug(), V2);
+    let Err(err) = run.wait(LIMIT).await else {
+        panic!("a V1 handle decoded a V2 run");
+    };
+    assert!(
+        matches!(&err, pgflow_runtime::WaitError::OtherVersion { expected_flow_slug, flow_slug, .. }
+            if *expected_flow_slug == V1 && flow_slug == V2),
+        "{err}"
+    );
+    assert!(err.to_string().contains("as_version"), "{err}");
+    assert!(run.as_version::<ThreadsV2>().is_some());
 }
