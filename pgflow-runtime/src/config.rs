@@ -21,10 +21,11 @@ pub enum Compilation {
 /// | setting | default | meaning |
 /// |---|---|---|
 /// | `max_concurrent` | 10 | handlers running at once |
-/// | `batch_size` | 10 | most messages one read asks for (never more than the free slots) |
+/// | `batch_size` | 10 | most messages one claim asks for |
 /// | `max_unrecorded` | 128 | results (outputs and failures) waiting to be recorded; claiming pauses at this many, so a slow database cannot pile up unrecorded work |
-/// | `poll_interval` | 50 ms | wait after an empty read; doubles while idle |
-/// | `max_poll_wait` | 250 ms | longest wait between reads while idle (bounds the pick-up latency of work another worker enqueued) |
+/// | `poll_interval` | 25 ms | wait after an empty read; doubles while idle, with ±25 % jitter |
+/// | `max_poll_wait` | 1 s | longest wait between reads while idle; new tasks signal their queue (`LISTEN pgflow_queue_signal`), so this bounds the pick-up of work that sends no signal (a retry whose delay ran out, a recovered task) |
+/// | `prefetch` | 100 ms | a claim also asks for the tasks the busy slots are expected to finish within this window (by the handlers' average run time), so fast handlers get several tasks per round trip; zero: only free slots |
 /// | `read_visibility` | 5 s | how long a read message stays hidden before the claim extends it |
 /// | `heartbeat_interval` | 2 s | `pgflow.workers.last_heartbeat_at` updates; deprecation and the fence are seen here |
 /// | `dead_worker_timeout` | 10 s (`Some`) | a worker whose heartbeat is older is dead: its started tasks are requeued at once (`None`: leave it to stalled recovery, step timeout + 30 s) |
@@ -34,15 +35,20 @@ pub enum Compilation {
 /// | `shutdown_grace` | 30 s | how long in-flight handlers may finish, and their results be recorded, after shutdown is requested |
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
-/// | `completion_batch_size` | 64 | most outputs recorded in one `complete_tasks` call |
-/// | `completion_flushers` | 4 | `complete_tasks` calls in flight at once |
+/// | `completion_batch_size` | 64 | most outputs recorded in one exchange |
+/// | `completion_flushers` | 2 | exchanges in flight at once (one while claimed tasks wait for a slot) |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
 ///
+/// Each exchange records the finished outputs and claims the next tasks in one round trip and one
+/// transaction (`pgflow.exchange`); failures are recorded one by one beside it.
+///
 /// The pool is the caller's (a worker's connections are the pool's): the worker itself uses at most
-/// `completion_flushers + 3` connections at once (claims, recording results, heartbeats, maintenance), and
-/// handlers that query share what is left. A zero-configuration worker (`DATABASE_URL`, see
+/// `completion_flushers + 3` connections at once (exchanges, failures, heartbeats, maintenance), and
+/// handlers that query share what is left; a busy worker keeps the connection of its last exchange for up
+/// to 100 ms between uses. The queue signal listener has one connection of its own, outside the pool. A
+/// zero-configuration worker (`DATABASE_URL`, see
 /// [`WorkerConfig::pool_size`]) opens that many plus one per concurrent handler, up to 10.
 ///
 /// Queue-scoped settings (concurrency, batch size, polling, read visibility, the pool) are worker settings;
@@ -57,6 +63,8 @@ pub struct WorkerConfig {
     pub batch_size: usize,
     /// Results waiting to be recorded at most; claiming pauses while this many wait.
     pub max_unrecorded: usize,
+    /// How far ahead a claim looks (see the table).
+    pub prefetch: Duration,
     /// Wait after an empty read.
     pub poll_interval: Duration,
     /// Longest wait between reads while idle.
@@ -97,8 +105,9 @@ impl Default for WorkerConfig {
             max_concurrent: 10,
             batch_size: 10,
             max_unrecorded: 128,
-            poll_interval: Duration::from_millis(50),
-            max_poll_wait: Duration::from_millis(250),
+            poll_interval: Duration::from_millis(25),
+            max_poll_wait: Duration::from_secs(1),
+            prefetch: Duration::from_millis(100),
             read_visibility: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(2),
             dead_worker_timeout: Some(Duration::from_secs(10)),
@@ -109,7 +118,7 @@ impl Default for WorkerConfig {
             cancel_grace: Duration::from_secs(2),
             poll_error_backoff_max: Duration::from_secs(5),
             completion_batch_size: 64,
-            completion_flushers: 4,
+            completion_flushers: 2,
             worker_name: None,
             compilation: Compilation::Verify,
             auto_install: false,
@@ -176,12 +185,12 @@ pub enum ConfigError {
 
 impl WorkerConfig {
     /// The connections the pool of a zero-configuration worker gets: what the worker itself uses at most
-    /// (`completion_flushers + 3`: claims, recording results, heartbeats, maintenance) plus one per
-    /// concurrent handler, up to 10, for handlers that query (`ctx.pool()`).
+    /// (`completion_flushers + 3`: exchanges, failures, heartbeats, maintenance) plus one per concurrent
+    /// handler, up to 10, for handlers that query (`ctx.pool()`).
     ///
     /// ```
     /// use pgflow_runtime::WorkerConfig;
-    /// assert_eq!(WorkerConfig::default().pool_size(), 17);
+    /// assert_eq!(WorkerConfig::default().pool_size(), 15);
     /// ```
     pub fn pool_size(&self) -> u32 {
         let own = self.completion_flushers.saturating_add(3);

@@ -42,12 +42,13 @@ pub(crate) const HEARTBEAT: &str = "select pgflow.worker_heartbeat(worker_id => 
 pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_tasks \
      from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
 
-/// Read and classifying claim for the worker's (flow, step) pairs on its queue, in one round trip → rows.
-pub(crate) const READ_AND_CLAIM_TASKS: &str =
-    "select outcome, msg_id, flow_slug, run_id, step_slug, \
-     task_index, input, flow_input, attempts_count, timeout, report \
-     from pgflow.read_and_claim_tasks(queue_name => $1, qty => $2, vt => $3, worker_id => $4, \
-     flow_slugs => $5, step_slugs => $6)";
+/// Records finished outputs and claims the next tasks in one transaction (see `pgflow.exchange`) → the
+/// completions' rows (`applied` / `stale`, with `status`), then the claim's rows.
+pub(crate) const EXCHANGE: &str = "select outcome, msg_id, flow_slug, run_id, step_slug, \
+     task_index, input, flow_input, attempts_count, timeout, report, status \
+     from pgflow.exchange(queue_name => $1, worker_id => $2, flow_slugs => $3, step_slugs => $4, \
+     qty => $5, vt => $6, run_ids => $7, done_step_slugs => $8, task_indexes => $9, outputs => $10, \
+     attempts => $11)";
 
 /// Records a batch of outputs, fenced to each task's attempt and this worker → one outcome row per task.
 pub(crate) const COMPLETE_TASKS: &str = "select run_id, step_slug, task_index, outcome, status, attempts_count \

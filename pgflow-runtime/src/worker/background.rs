@@ -1,12 +1,15 @@
-//! Background duties: heartbeats (deprecation, the fence, revival after being declared dead), and
-//! maintenance (stalled and dead-worker recovery, retention).
+//! Background duties: heartbeats (deprecation, the fence, revival after being declared dead), queue
+//! signals (idle workers wake when work arrives), and maintenance (stalled and dead-worker recovery,
+//! retention).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::postgres::types::PgInterval;
+use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -68,6 +71,74 @@ pub(crate) async fn heartbeat(
             reason.lock().expect("stop reason lock").get_or_insert(why);
             stop.cancel();
         }
+    }
+}
+
+/// The channel on which new tasks signal their queue (payload: the queue name; see migration 0017).
+const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
+
+/// Listens for signals of `queue` and fires `wake` on each, until `done`. It listens on a connection of its
+/// own, opened with the pool's settings but outside it, so that it never takes a connection the worker's
+/// exchanges or its handlers need. After a lost connection it listens again and fires `wake` once (a
+/// signal may have been missed); the driver's poll timer covers the gap.
+pub(crate) async fn listen(
+    pool: PgPool,
+    queue: String,
+    wake: std::sync::Arc<Notify>,
+    done: CancellationToken,
+) {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(pool.connect_options().as_ref().clone());
+    let mut retry_in = Duration::from_millis(100);
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(mut l) => match l.listen(QUEUE_SIGNAL).await {
+                Ok(()) => l,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot listen for queue signals; polling meanwhile");
+                    if sleep_or_done(retry_in, &done).await {
+                        return;
+                    }
+                    retry_in = (retry_in * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot listen for queue signals; polling meanwhile");
+                if sleep_or_done(retry_in, &done).await {
+                    return;
+                }
+                retry_in = (retry_in * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        retry_in = Duration::from_millis(100);
+        wake.notify_one();
+        loop {
+            let received = tokio::select! {
+                _ = done.cancelled() => return,
+                r = listener.try_recv() => r,
+            };
+            match received {
+                Ok(Some(n)) if n.payload() == queue => wake.notify_one(),
+                Ok(Some(_)) => {}
+                // The connection was lost and sqlx listens again on a new one.
+                Ok(None) => wake.notify_one(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "queue signal listener failed; listening again");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps `d`; `true` when `done` fired first.
+async fn sleep_or_done(d: Duration, done: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = done.cancelled() => true,
+        _ = tokio::time::sleep(d) => false,
     }
 }
 

@@ -1,10 +1,12 @@
-//! Claiming: one round trip reads messages and claims their tasks; the rows are decoded into types.
+//! Claiming: one round trip (`pgflow.exchange`) records finished outputs, reads messages and claims their
+//! tasks; the rows are decoded into types here and nowhere else.
 
 use serde::Deserialize;
 use serde_json::Value;
-use sqlx::PgPool;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::record::{Outcome, TaskResult};
 use crate::statements;
 
 /// One claimed task, ready to run.
@@ -63,7 +65,7 @@ pub(crate) enum ClaimError {
     Decode(String),
 }
 
-/// One row of `pgflow.read_and_claim_tasks`.
+/// One row of `pgflow.exchange`: a completion's outcome, or one of the claim's rows.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct ClaimRow {
     outcome: String,
@@ -77,38 +79,87 @@ pub(crate) struct ClaimRow {
     attempts_count: Option<i32>,
     timeout: Option<i32>,
     report: Option<Value>,
+    /// A completion's task status after it (completion rows only).
+    status: Option<String>,
 }
 
-impl ClaimOutcome {
-    /// Decodes the claim's rows. An outcome this build does not know, or a row missing a field its outcome
-    /// needs, is an error: it is never taken for "claimed".
+/// How one recorded output came out.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    pub(crate) run_id: Uuid,
+    pub(crate) step_slug: String,
+    pub(crate) task_index: i32,
+    /// Recorded; `false`: stale (its attempt is no longer current, or the task already finished).
+    pub(crate) applied: bool,
+    /// The task's status after the call.
+    pub(crate) status: String,
+    /// The task's current attempt.
+    pub(crate) current_attempt: i32,
+}
+
+/// What one exchange did: the outputs it recorded and what it claimed.
+#[derive(Debug)]
+pub(crate) struct Exchanged {
+    pub(crate) completions: Vec<Completion>,
+    pub(crate) claim: ClaimOutcome,
+    /// Messages read while their task was already running elsewhere: left for that attempt.
+    pub(crate) deferred: u64,
+}
+
+impl Exchanged {
+    /// Decodes an exchange's rows. An outcome this build does not know, or a row missing a field its
+    /// outcome needs, is an error: it is never taken for "claimed" or "applied".
     pub(crate) fn from_rows(rows: Vec<ClaimRow>) -> Result<Self, ClaimError> {
+        let mut completions = Vec::new();
         let mut tasks = Vec::new();
+        let mut deferred = 0;
+        let mut claim = None;
         for row in rows {
             match row.outcome.as_str() {
+                "applied" | "stale" => completions.push(completion(row)?),
                 "claimed" => tasks.push(claimed(row)?),
-                "deferred" | "archived" | "waiting" => {}
+                "deferred" => deferred += 1,
+                "archived" | "waiting" => {}
                 "unsupported" => {
                     let report = row.report.ok_or_else(|| missing("unsupported", "report"))?;
-                    return serde_json::from_value(report)
-                        .map(ClaimOutcome::Unsupported)
-                        .map_err(|e| ClaimError::Decode(e.to_string()));
+                    claim = Some(
+                        serde_json::from_value(report)
+                            .map(ClaimOutcome::Unsupported)
+                            .map_err(|e| ClaimError::Decode(e.to_string()))?,
+                    );
                 }
                 "disabled" => {
                     let report = row.report.ok_or_else(|| missing("disabled", "report"))?;
-                    return serde_json::from_value(report)
-                        .map(ClaimOutcome::Disabled)
-                        .map_err(|e| ClaimError::Decode(e.to_string()));
+                    claim = Some(
+                        serde_json::from_value(report)
+                            .map(ClaimOutcome::Disabled)
+                            .map_err(|e| ClaimError::Decode(e.to_string()))?,
+                    );
                 }
                 other => {
-                    return Err(ClaimError::Decode(format!(
-                        "unknown claim outcome `{other}`"
-                    )));
+                    return Err(ClaimError::Decode(format!("unknown outcome `{other}`")));
                 }
             }
         }
-        Ok(ClaimOutcome::Claimed(tasks))
+        Ok(Exchanged {
+            completions,
+            claim: claim.unwrap_or(ClaimOutcome::Claimed(tasks)),
+            deferred,
+        })
     }
+}
+
+fn completion(row: ClaimRow) -> Result<Completion, ClaimError> {
+    let outcome = row.outcome;
+    let need = |field: &str| missing(&outcome, field);
+    Ok(Completion {
+        run_id: row.run_id.ok_or_else(|| need("run_id"))?,
+        step_slug: row.step_slug.ok_or_else(|| need("step_slug"))?,
+        task_index: row.task_index.ok_or_else(|| need("task_index"))?,
+        applied: outcome == "applied",
+        status: row.status.ok_or_else(|| need("status"))?,
+        current_attempt: row.attempts_count.ok_or_else(|| need("attempts_count"))?,
+    })
 }
 
 fn missing(outcome: &str, field: &str) -> ClaimError {
@@ -140,22 +191,47 @@ pub(crate) struct Claimer {
 }
 
 impl Claimer {
-    /// Reads at most `qty` messages and classifies and claims them in one statement (it never sleeps).
-    pub(crate) async fn claim(
+    /// Records `outputs` (each must be an [`Outcome::Output`]; fenced to its attempt) and reads, classifies
+    /// and claims at most `qty` messages (0: none), in one statement and one transaction. It never sleeps.
+    pub(crate) async fn exchange(
         &self,
-        pool: &PgPool,
+        conn: &mut PgConnection,
+        outputs: &[TaskResult],
         qty: usize,
-    ) -> Result<ClaimOutcome, ClaimError> {
-        let rows: Vec<ClaimRow> = sqlx::query_as(statements::READ_AND_CLAIM_TASKS)
+    ) -> Result<Exchanged, ClaimError> {
+        let n = outputs.len();
+        let (mut run_ids, mut steps, mut indexes, mut values, mut attempts) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for item in outputs {
+            let Outcome::Output(value) = &item.outcome else {
+                unreachable!("only outputs are exchanged; failures go to fail_task")
+            };
+            run_ids.push(item.key.run_id);
+            steps.push(item.key.step_slug.as_str());
+            indexes.push(item.key.task_index);
+            values.push(value);
+            attempts.push(item.key.attempt);
+        }
+        let rows: Vec<ClaimRow> = sqlx::query_as(statements::EXCHANGE)
             .bind(&self.queue)
-            .bind(i32::try_from(qty).unwrap_or(i32::MAX))
-            .bind(self.read_visibility_secs)
             .bind(self.worker_id)
             .bind(&self.flow_slugs)
             .bind(&self.step_slugs)
-            .fetch_all(pool)
+            .bind(i32::try_from(qty).unwrap_or(i32::MAX))
+            .bind(self.read_visibility_secs)
+            .bind(&run_ids)
+            .bind(&steps)
+            .bind(&indexes)
+            .bind(&values)
+            .bind(&attempts)
+            .fetch_all(conn)
             .await?;
-        ClaimOutcome::from_rows(rows)
+        Exchanged::from_rows(rows)
     }
 }
 
@@ -177,6 +253,7 @@ mod tests {
             attempts_count: None,
             timeout: None,
             report: None,
+            status: None,
         }
     }
 
@@ -198,9 +275,18 @@ mod tests {
             msg_id: Some(8),
             ..row("deferred")
         };
-        let ClaimOutcome::Claimed(tasks) =
-            ClaimOutcome::from_rows(vec![claimed, deferred]).unwrap()
-        else {
+        let done = ClaimRow {
+            run_id: Some(Uuid::nil()),
+            step_slug: Some("a".into()),
+            task_index: Some(0),
+            attempts_count: Some(1),
+            status: Some("completed".into()),
+            ..row("applied")
+        };
+        let exchanged = Exchanged::from_rows(vec![done, claimed, deferred]).unwrap();
+        assert_eq!(exchanged.deferred, 1);
+        assert!(exchanged.completions[0].applied);
+        let ClaimOutcome::Claimed(tasks) = exchanged.claim else {
             panic!("claimed")
         };
         assert_eq!(tasks.len(), 1);
@@ -209,7 +295,8 @@ mod tests {
 
     #[test]
     fn an_unknown_outcome_or_a_claimed_row_without_its_attempt_is_an_error_not_a_claim() {
-        assert!(ClaimOutcome::from_rows(vec![row("maybe")]).is_err());
+        assert!(Exchanged::from_rows(vec![row("maybe")]).is_err());
+        assert!(Exchanged::from_rows(vec![row("stale")]).is_err());
         let incomplete = ClaimRow {
             msg_id: Some(1),
             flow_slug: Some("f".into()),
@@ -219,7 +306,7 @@ mod tests {
             timeout: Some(30),
             ..row("claimed")
         };
-        assert!(ClaimOutcome::from_rows(vec![incomplete]).is_err());
+        assert!(Exchanged::from_rows(vec![incomplete]).is_err());
     }
 
     #[test]
@@ -231,7 +318,7 @@ mod tests {
             ..row("unsupported")
         };
         assert!(matches!(
-            ClaimOutcome::from_rows(vec![u]).unwrap(),
+            Exchanged::from_rows(vec![u]).unwrap().claim,
             ClaimOutcome::Unsupported(u) if u.msg_ids == [1, 2]
         ));
         let d = ClaimRow {
@@ -239,7 +326,7 @@ mod tests {
             ..row("disabled")
         };
         assert!(matches!(
-            ClaimOutcome::from_rows(vec![d]).unwrap(),
+            Exchanged::from_rows(vec![d]).unwrap().claim,
             ClaimOutcome::Disabled(d) if d.reason.as_deref() == Some("deploy")
         ));
     }

@@ -1,5 +1,5 @@
 //! Running one claimed task: dispatch by concrete flow and step, the step timeout, panics, and handing the
-//! outcome to the recorder.
+//! outcome to the worker's driver, which records it.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -54,7 +54,9 @@ pub(crate) async fn execute(
             msg_id: task.msg_id,
             attempt: task.attempt,
         };
+        let started = Instant::now();
         let outcome = run(&shared, task).await;
+        let ran_for = started.elapsed();
         drop(slot);
         let Some(outcome) = outcome else {
             return;
@@ -67,6 +69,8 @@ pub(crate) async fn execute(
         let result = TaskResult {
             key,
             outcome,
+            ran_for,
+            first_error: None,
             _permit: unrecorded,
         };
         if let Err(lost) = shared.results.send(result) {

@@ -11,6 +11,7 @@
 mod background;
 mod claim;
 mod connect;
+mod drive;
 mod error;
 mod execute;
 mod record;
@@ -177,10 +178,14 @@ impl<K, C> WorkerBuilder<K, C> {
         batch_size: usize,
         /// Results waiting to be recorded at most; claiming pauses at this many (default 128).
         max_unrecorded: usize,
-        /// Wait after an empty read, doubling while idle (default 50 ms).
+        /// Wait after an empty read, doubling while idle (default 25 ms); queue signals wake an idle
+        /// worker sooner.
         poll_interval: Duration,
-        /// Longest wait between reads while idle (default 250 ms).
+        /// Longest wait between reads while idle (default 1 s).
         max_poll_wait: Duration,
+        /// How far ahead a claim looks: it also asks for the tasks the handler slots are expected to
+        /// finish within this window, by their average run time (default 100 ms; zero: only free slots).
+        prefetch: Duration,
         /// Visibility of a read message until its claim (default 5 s, whole seconds).
         read_visibility: Duration,
         /// Heartbeat period (default 2 s).
@@ -200,9 +205,9 @@ impl<K, C> WorkerBuilder<K, C> {
         retention_batch: usize,
         /// Cap of the backoff after database errors (default 5 s).
         poll_error_backoff_max: Duration,
-        /// Most outputs recorded per `complete_tasks` call (default 64).
+        /// Most outputs recorded per exchange (default 64).
         completion_batch_size: usize,
-        /// `complete_tasks` calls in flight at once (default 4).
+        /// Exchanges (record outputs and claim, one round trip each) in flight at once (default 2).
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,

@@ -1,6 +1,8 @@
-//! Recording results: outputs in batches (`pgflow.complete_tasks`), failures one by one (`pgflow.fail_task`),
-//! every one fenced to the attempt that produced it, retried through database errors, and bounded: each
-//! waiting result holds one of `max_unrecorded` permits, so claiming pauses while results pile up.
+//! Recording results. Outputs normally travel in the worker's exchanges (`drive.rs`); this module holds
+//! everything else: failures one by one (`pgflow.fail_task`), a refused batch of outputs recorded one by one
+//! (`pgflow.complete_tasks`), what a recorded output's row means, and giving up. Every result is fenced to
+//! the attempt that produced it and retried through database errors, and bounded: each waiting result holds
+//! one of `max_unrecorded` permits, so claiming pauses while results pile up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,17 +11,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::PgPool;
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use super::claim::Completion;
 use super::retry::{retry, transient, Backoff, GaveUp};
 use crate::statements;
 
 /// How long a result is retried through database errors before it is left to recovery (a database restart
 /// fits in it).
-const RECORD_PATIENCE: Duration = Duration::from_secs(60);
+pub(crate) const RECORD_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Which attempt of which task a result belongs to.
 #[derive(Debug, Clone)]
@@ -47,7 +49,33 @@ pub(crate) enum Outcome {
 pub(crate) struct TaskResult {
     pub(crate) key: TaskKey,
     pub(crate) outcome: Outcome,
+    /// How long the handler ran (the worker sizes its claims by it).
+    pub(crate) ran_for: Duration,
+    /// When recording it first failed, if it did (it is given up after [`RECORD_PATIENCE`]).
+    pub(crate) first_error: Option<Instant>,
     pub(crate) _permit: OwnedSemaphorePermit,
+}
+
+impl TaskResult {
+    /// An output PostgreSQL cannot store (a NUL character) becomes the terminal failure it will be; `true`
+    /// when the result is then an output to record.
+    pub(crate) fn sort(&mut self) -> bool {
+        match &self.outcome {
+            Outcome::Output(v) if contains_nul(v) => {
+                self.outcome = Outcome::Failure {
+                    message: format!(
+                        "step `{}` of flow `{}` returned an output PostgreSQL cannot store: a string in it contains the NUL character (\\u0000); remove it or encode the data (for example as base64)",
+                        self.key.step_slug, self.key.flow_slug
+                    ),
+                    retry_after: None,
+                    terminal: true,
+                };
+                false
+            }
+            Outcome::Output(_) => true,
+            Outcome::Failure { .. } => false,
+        }
+    }
 }
 
 /// Counters shared by the worker's parts.
@@ -56,6 +84,7 @@ pub(crate) struct Stats {
     pub(crate) completed: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) stale: AtomicU64,
+    pub(crate) deferred: AtomicU64,
 }
 
 /// Results not recorded yet, by message id (logged with their ids when shutdown gives up on them).
@@ -65,81 +94,15 @@ pub(crate) type Pending = Arc<Mutex<HashMap<i64, TaskKey>>>;
 pub(crate) struct Recorder {
     pub(crate) pool: PgPool,
     pub(crate) worker_id: Uuid,
-    pub(crate) batch: usize,
-    pub(crate) flushers: usize,
     pub(crate) backoff_max: Duration,
-    pub(crate) wake: Arc<Notify>,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending: Pending,
 }
 
 impl Recorder {
-    /// Records results until every sender is gone and nothing is left. Each flush takes whatever is queued
-    /// (up to `batch` outputs), so under load batches grow by themselves; at most `flushers` run at once.
-    pub(crate) async fn run(self, mut rx: mpsc::UnboundedReceiver<TaskResult>) {
-        let this = Arc::new(self);
-        let slots = Arc::new(Semaphore::new(this.flushers));
-        let mut inflight = JoinSet::new();
-        let mut buf: Vec<TaskResult> = Vec::with_capacity(this.batch);
-        loop {
-            if rx.recv_many(&mut buf, this.batch).await == 0 {
-                break;
-            }
-            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                break;
-            };
-            while buf.len() < this.batch {
-                match rx.try_recv() {
-                    Ok(r) => buf.push(r),
-                    Err(_) => break,
-                }
-            }
-            let items = std::mem::replace(&mut buf, Vec::with_capacity(this.batch));
-            let this = Arc::clone(&this);
-            inflight.spawn(async move {
-                this.flush(items).await;
-                drop(permit);
-            });
-            while inflight.try_join_next().is_some() {}
-        }
-        while inflight.join_next().await.is_some() {}
-    }
-
-    async fn flush(&self, items: Vec<TaskResult>) {
-        let mut outputs = Vec::new();
-        let mut failures = Vec::new();
-        for item in items {
-            match item.outcome {
-                Outcome::Output(ref v) if contains_nul(v) => {
-                    let message = format!(
-                        "step `{}` of flow `{}` returned an output PostgreSQL cannot store: a string in it contains the NUL character (\\u0000); remove it or encode the data (for example as base64)",
-                        item.key.step_slug, item.key.flow_slug
-                    );
-                    failures.push(TaskResult {
-                        outcome: Outcome::Failure {
-                            message,
-                            retry_after: None,
-                            terminal: true,
-                        },
-                        ..item
-                    });
-                }
-                Outcome::Output(_) => outputs.push(item),
-                Outcome::Failure { .. } => failures.push(item),
-            }
-        }
-        if !outputs.is_empty() {
-            self.complete(outputs).await;
-            self.wake.notify_one();
-        }
-        for failure in failures {
-            self.fail(failure).await;
-        }
-    }
-
     /// Records a batch of outputs. A batch the database refuses as a whole for a reason retrying cannot fix
     /// (an output it cannot store) is recorded item by item, so one bad output fails only its own task.
-    async fn complete(&self, items: Vec<TaskResult>) {
+    pub(crate) async fn complete(&self, items: Vec<TaskResult>) {
         match self.complete_batch(&items).await {
             Ok(()) => self.done(items),
             Err(GaveUp::Permanent(e)) if items.len() > 1 => {
@@ -198,8 +161,28 @@ impl Recorder {
                     .fetch_all(&self.pool)
             })
             .await?;
-        for (run_id, step_slug, task_index, outcome, status, current) in rows {
-            if outcome == "applied" {
+        let completions = rows.into_iter().map(
+            |(run_id, step_slug, task_index, outcome, status, current_attempt)| Completion {
+                run_id,
+                step_slug,
+                task_index,
+                applied: outcome == "applied",
+                status,
+                current_attempt,
+            },
+        );
+        self.recorded(completions, items);
+        Ok(())
+    }
+
+    /// Counts recorded outputs and logs the stale ones with both attempts.
+    pub(crate) fn recorded(
+        &self,
+        completions: impl IntoIterator<Item = Completion>,
+        items: &[TaskResult],
+    ) {
+        for c in completions {
+            if c.applied {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -207,19 +190,19 @@ impl Recorder {
             let ours = items
                 .iter()
                 .find(|i| {
-                    i.key.run_id == run_id
-                        && i.key.step_slug == step_slug
-                        && i.key.task_index == task_index
+                    i.key.run_id == c.run_id
+                        && i.key.step_slug == c.step_slug
+                        && i.key.task_index == c.task_index
                 })
                 .map(|i| i.key.attempt);
-            tracing::warn!(%run_id, step = %step_slug, task_index, attempt = ?ours, current_attempt = current,
-                status = %status, "stale output ignored: the task moved on to another attempt or finished");
+            tracing::warn!(run_id = %c.run_id, step = %c.step_slug, task_index = c.task_index, attempt = ?ours,
+                current_attempt = c.current_attempt, status = %c.status,
+                "stale output ignored: the task moved on to another attempt or finished");
         }
-        Ok(())
     }
 
     /// Records one failure (fenced), retried through database errors.
-    async fn fail(&self, item: TaskResult) {
+    pub(crate) async fn fail(&self, item: TaskResult) {
         let Outcome::Failure {
             message,
             retry_after,
@@ -295,14 +278,16 @@ impl Recorder {
         .await
     }
 
-    fn done(&self, items: Vec<TaskResult>) {
+    /// Forgets recorded (or given up) results; their permits are released.
+    pub(crate) fn done(&self, items: Vec<TaskResult>) {
         let mut pending = self.pending.lock().expect("pending lock");
         for item in &items {
             pending.remove(&item.key.msg_id);
         }
     }
 
-    fn give_up(&self, items: Vec<TaskResult>, e: &sqlx::Error) {
+    /// Logs results that cannot be recorded (recovery runs their tasks again) and forgets them.
+    pub(crate) fn give_up(&self, items: Vec<TaskResult>, e: &dyn std::fmt::Display) {
         let ids: Vec<String> = items.iter().map(|i| describe(&i.key)).collect();
         tracing::error!(error = %e, tasks = ?ids,
             "cannot record these results; recovery will run the tasks again");

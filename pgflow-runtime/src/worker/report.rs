@@ -145,6 +145,10 @@ pub struct WorkerReport {
     pub failed: u64,
     /// Results ignored as stale: the task had moved on to another attempt (or finished) meanwhile.
     pub stale: u64,
+    /// Messages read while their task was running under another claim: left alone for that attempt
+    /// (PGMQ delivers at least once; a message whose visibility ran out during a long handler is read
+    /// again). Many of these mean a step's timeout outlasts the read visibility.
+    pub deferred: u64,
     /// Unfinished tasks handed back at shutdown.
     pub released: u64,
 }

@@ -35,15 +35,19 @@ impl Backoff {
         delay
     }
 
-    /// The wait the next call of [`Backoff::next_delay`] returns, without advancing.
-    pub(crate) fn peek(&self) -> Duration {
-        self.next
-    }
-
     /// Back to the first delay (after a success).
     pub(crate) fn reset(&mut self) {
         self.next = self.first;
     }
+}
+
+/// `d` scaled by a random factor in [0.75, 1.25), so that idle workers do not poll in lockstep.
+pub(crate) fn jitter(d: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(d.as_nanos() as u64);
+    let unit = (h.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    d.mul_f64(0.75 + 0.5 * unit)
 }
 
 /// Why [`retry`] gave up.
@@ -111,6 +115,16 @@ pub(crate) fn transient(e: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_quarter_and_varies() {
+        let d = Duration::from_millis(100);
+        let samples: Vec<Duration> = (0..64).map(|_| jitter(d)).collect();
+        assert!(samples
+            .iter()
+            .all(|s| *s >= Duration::from_millis(75) && *s < Duration::from_millis(125)));
+        assert!(samples.iter().any(|s| *s != samples[0]));
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_and_resets() {

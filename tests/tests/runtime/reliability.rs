@@ -282,7 +282,7 @@ async fn a_claim_in_flight_during_shutdown_is_handed_back() {
     pgflow_tests::wait_until(LIMIT, "the claim to wait for the task row", || async {
         sqlx::query_scalar::<_, bool>(
             "select exists (select 1 from pg_stat_activity where datname = current_database()
-               and wait_event_type = 'Lock' and query like '%read_and_claim_tasks%')",
+               and wait_event_type = 'Lock' and query like '%pgflow.exchange%')",
         )
         .fetch_one(pool)
         .await
