@@ -445,9 +445,14 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // History: the same drains on an empty database and on a large finished history. Last, because it
     // grows the database.
+    // A selection runs it only when it names `history` (`--only worker,diamond` is the worker's drains, not
+    // a million-task history).
     let flows: Vec<BenchFlow> = [BenchFlow::Diamond, BenchFlow::Map10]
         .into_iter()
-        .filter(|f| args.wants(&["history", "worker", f.name()]))
+        .filter(|f| {
+            (args.only.is_empty() || args.only.iter().any(|o| o == "history"))
+                && args.wants(&["history", "worker", f.name()])
+        })
         .collect();
     // Budget: round trips, statements, bytes, commits and WAL flushes per task, through a counting relay.
     let mut budget = None;
