@@ -12,7 +12,11 @@
 //! The history scenario (`--only history`; last in a full run, because it grows the database) drains the
 //! same bursts on an empty database and again on a million finished tasks, and times the maintenance
 //! statements on that history (`history.rs`).
+//!
+//! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
+//! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
+mod budget;
 mod db;
 mod floor;
 mod flows;
@@ -63,6 +67,10 @@ struct Args {
     history_repeat: usize,
     /// Tasks per drain in the history scenario.
     history_drain_tasks: usize,
+    /// Tasks per drain in the budget scenario.
+    budget_tasks: usize,
+    /// Concurrency levels of the budget scenario.
+    budget_ks: Vec<usize>,
 }
 
 impl Args {
@@ -83,6 +91,8 @@ impl Args {
             history_ks: vec![4, 16],
             history_repeat: 2,
             history_drain_tasks: 2000,
+            budget_tasks: 2000,
+            budget_ks: vec![1, 4],
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -128,11 +138,26 @@ impl Args {
                         })
                         .collect::<Result<_, _>>()?;
                 }
+                "--budget-tasks" => {
+                    args.budget_tasks = value()?
+                        .parse()
+                        .map_err(|e| format!("--budget-tasks: {e}"))?;
+                }
+                "--budget-k" => {
+                    args.budget_ks = value()?
+                        .split(',')
+                        .map(|k| {
+                            k.trim()
+                                .parse::<usize>()
+                                .map_err(|e| format!("--budget-k: {e}"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--only floor,sql,worker,latency,starvation,history,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -146,7 +171,8 @@ impl Args {
 /// Who executes the tasks.
 #[derive(Debug, Clone, Copy)]
 enum Driver {
-    /// `k` upstream-style clients (read → start_tasks → complete_task per task), one connection each.
+    /// One upstream-style worker with `k` concurrent handlers (`sql_driver`: `read_with_poll` of up to 10,
+    /// `start_tasks` for the batch, one `complete_task` per task, batch barrier), K + 1 connections.
     SqlUpstreamStyle { k: usize },
     /// One pgflow-rs plain worker with `max_concurrent` handlers (defaults otherwise).
     Worker { max_concurrent: usize },
@@ -174,27 +200,29 @@ impl Driver {
         }
     }
 
-    /// Starts executing tasks of `flow` until `stop` fires.
+    /// Starts executing tasks of `flow` until `stop` fires; the driver's own connections use `options`
+    /// (the budget scenario points them at its counting relay). With `prewarm` every connection of the
+    /// driver's pool is opened before this returns.
     async fn spawn(
         self,
         db: &BenchDb,
+        options: &sqlx::postgres::PgConnectOptions,
         flow: BenchFlow,
         stop: CancellationToken,
+        prewarm: bool,
     ) -> Result<tokio::task::JoinSet<Result<(), BenchError>>, BenchError> {
         let slug = flow.slug();
         let mut set = tokio::task::JoinSet::new();
         match self {
             Driver::SqlUpstreamStyle { k } => {
-                for _ in 0..k {
-                    let conn = db.connect().await?;
-                    let worker_id = db.register_worker(&slug.to_lowercase()).await?;
-                    let stop = stop.clone();
-                    set.spawn(async move {
-                        sql_driver::client(conn, slug.to_string(), worker_id, stop)
-                            .await
-                            .map_err(BenchError::from)
-                    });
-                }
+                // Its connections are always opened up front.
+                let connections = sql_driver::connect(options, k).await?;
+                let worker_id = db.register_worker(&slug.to_lowercase()).await?;
+                set.spawn(async move {
+                    sql_driver::worker(connections, slug.to_string(), worker_id, k, stop)
+                        .await
+                        .map_err(BenchError::from)
+                });
             }
             Driver::Worker { max_concurrent } => {
                 // A pool of its own, sized as the worker's docs ask (completion flushers + 3), plus one.
@@ -202,8 +230,14 @@ impl Driver {
                     pgflow_runtime::WorkerConfig::default().completion_flushers as u32 + 4;
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(connections)
-                    .connect_with(db.options.clone())
+                    .connect_with(options.clone())
                     .await?;
+                if prewarm {
+                    let mut held = Vec::with_capacity(connections as usize);
+                    for _ in 0..connections {
+                        held.push(pool.acquire().await?);
+                    }
+                }
                 let handle = match flow {
                     BenchFlow::Diamond => {
                         pgflow_runtime::Worker::<flows::diamond::Diamond>::builder(pool.clone())
@@ -288,8 +322,9 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     let mut invalid: Vec<String> = Vec::new();
     let seconds = Duration::from_secs_f64(args.seconds);
 
-    // The floor (not for a history-only selection: that scenario compares the worker with itself).
-    let floor_kinds = if args.only.iter().any(|o| o == "history") {
+    // The floor (not for a history-only or budget-only selection: those compare drivers by their own
+    // counts).
+    let floor_kinds = if args.only.iter().any(|o| o == "history" || o == "budget") {
         Vec::new()
     } else {
         vec![
@@ -410,10 +445,28 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // History: the same drains on an empty database and on a large finished history. Last, because it
     // grows the database.
+    // A selection runs it only when it names `history` (`--only worker,diamond` is the worker's drains, not
+    // a million-task history).
     let flows: Vec<BenchFlow> = [BenchFlow::Diamond, BenchFlow::Map10]
         .into_iter()
-        .filter(|f| args.wants(&["history", "worker", f.name()]))
+        .filter(|f| {
+            (args.only.is_empty() || args.only.iter().any(|o| o == "history"))
+                && args.wants(&["history", "worker", f.name()])
+        })
         .collect();
+    // Budget: round trips, statements, bytes, commits and WAL flushes per task, through a counting relay.
+    let mut budget = None;
+    if args.wants(&["budget"]) {
+        match budget::run(&db, &args.budget_ks, args.budget_tasks).await {
+            Ok(report) => budget = Some(report),
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("budget: INVALID: {message}");
+                invalid.push(format!("budget: {message}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
     let mut history = None;
     if !flows.is_empty() {
         let settings = history::Settings {
@@ -434,6 +487,9 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     }
 
     print_table(&db, args, &rows, floor_at, started.elapsed());
+    if let Some(report) = budget {
+        report.print();
+    }
     if let Some(report) = history {
         report.print();
     }
@@ -524,7 +580,9 @@ async fn drain(
         db.wal().await?,
     );
     let stop = CancellationToken::new();
-    let mut set = driver.spawn(db, flow, stop.clone()).await?;
+    let mut set = driver
+        .spawn(db, &db.options, flow, stop.clone(), false)
+        .await?;
     let limit = Instant::now() + Duration::from_secs(300);
     let (mut last_work, mut last_change) = ((-1_i64, -1_i64), Instant::now());
     let outcome = loop {
@@ -612,7 +670,9 @@ async fn latency(
     db.compile(slug, &flow.shape()).await?;
     db.settle().await?;
     let stop = CancellationToken::new();
-    let mut set = driver.spawn(db, flow, stop.clone()).await?;
+    let mut set = driver
+        .spawn(db, &db.options, flow, stop.clone(), false)
+        .await?;
     let input = flow.input();
     let started = Instant::now();
     let mut run_ids = Vec::new();
@@ -680,7 +740,7 @@ fn print_table(
     println!("- server: {}", db.server_version);
     println!("- settings: {}", db.settings);
     println!(
-        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {}; whole run {:.0} s\n",
+        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {} --budget-tasks {} --budget-k {:?}; whole run {:.0} s\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.seconds,
         args.tasks,
@@ -690,6 +750,8 @@ fn print_table(
         args.history_ks,
         args.history_repeat,
         args.history_drain_tasks,
+        args.budget_tasks,
+        args.budget_ks,
         elapsed.as_secs_f64()
     );
     if rows.is_empty() {
