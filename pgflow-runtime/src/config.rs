@@ -21,7 +21,7 @@ pub enum Compilation {
 /// | setting | default | meaning |
 /// |---|---|---|
 /// | `max_concurrent` | 10 | handlers running at once |
-/// | `batch_size` | 10 | most messages one claim asks for |
+/// | `batch_size` | 32 | most messages one claim asks for (the free handler slots, when more are free) |
 /// | `max_unrecorded` | 128 | results (outputs and failures) waiting to be recorded; claiming pauses at this many, so a slow database cannot pile up unrecorded work |
 /// | `poll_interval` | 25 ms | wait after an empty read; doubles while idle, with ±25 % jitter |
 /// | `max_poll_wait` | 1 s | longest wait between reads while idle; new tasks signal their queue (`LISTEN pgflow_queue_signal`), so this bounds the pick-up of work that sends no signal (a retry whose delay ran out, a recovered task) |
@@ -36,7 +36,7 @@ pub enum Compilation {
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
 /// | `completion_batch_size` | 64 | most outputs recorded in one exchange |
-/// | `completion_flushers` | 2 | exchanges in flight at once (one while claimed tasks wait for a slot) |
+/// | `completion_flushers` | 3 | exchanges in flight at once |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
@@ -59,7 +59,7 @@ pub enum Compilation {
 pub struct WorkerConfig {
     /// Handlers running at once.
     pub max_concurrent: usize,
-    /// Most messages one read asks for.
+    /// Most messages one claim asks for, unless more handler slots are free.
     pub batch_size: usize,
     /// Results waiting to be recorded at most; claiming pauses while this many wait.
     pub max_unrecorded: usize,
@@ -103,7 +103,7 @@ impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
             max_concurrent: 10,
-            batch_size: 10,
+            batch_size: 32,
             max_unrecorded: 128,
             poll_interval: Duration::from_millis(25),
             max_poll_wait: Duration::from_secs(1),
@@ -118,7 +118,7 @@ impl Default for WorkerConfig {
             cancel_grace: Duration::from_secs(2),
             poll_error_backoff_max: Duration::from_secs(5),
             completion_batch_size: 64,
-            completion_flushers: 2,
+            completion_flushers: 3,
             worker_name: None,
             compilation: Compilation::Verify,
             auto_install: false,
@@ -190,7 +190,7 @@ impl WorkerConfig {
     ///
     /// ```
     /// use pgflow_runtime::WorkerConfig;
-    /// assert_eq!(WorkerConfig::default().pool_size(), 15);
+    /// assert_eq!(WorkerConfig::default().pool_size(), 16);
     /// ```
     pub fn pool_size(&self) -> u32 {
         let own = self.completion_flushers.saturating_add(3);

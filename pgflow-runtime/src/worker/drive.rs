@@ -8,10 +8,11 @@
 //!
 //! - **Claim-ahead.** A claim asks for the free handler slots plus the tasks the slots are expected to get
 //!   through in the next [`WorkerConfig::prefetch`] (from a moving average of handler run times), at most
-//!   `batch_size`. With fast handlers a worker of one slot then records and claims several tasks per
-//!   round trip; with slow ones it claims only what it can start. Tasks claimed ahead wait locally, each
-//!   holding an unrecorded-result permit, and start as slots free. While some wait, one exchange at a time
-//!   is in flight, so outputs gather into batches; otherwise up to `completion_flushers`.
+//!   `batch_size` (or the free slots, when more are free). With fast handlers a worker of one slot then
+//!   records and claims several tasks per round trip; with slow ones it claims only what it can start.
+//!   Tasks claimed ahead wait locally, each holding an unrecorded-result permit, and start as slots free.
+//!   Up to `completion_flushers` exchanges are in flight at once; results that finish meanwhile gather
+//!   into the next one.
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer
 //!   (`poll_interval` doubling to `max_poll_wait`, with jitter so idle workers do not poll in lockstep).
@@ -173,16 +174,11 @@ impl Driver {
             }
 
             // Start an exchange when there is something to record or room to claim.
-            let limit = if ready.is_empty() {
-                config.completion_flushers
-            } else {
-                1
-            };
             if hold_until.is_some_and(|t| now >= t) {
                 hold_until = None;
             }
             let held = hold_until.is_some();
-            if inflight.len() < limit && !held {
+            if inflight.len() < config.completion_flushers && !held {
                 let qty = if stopping.is_none() {
                     let ahead = if config.prefetch.is_zero() {
                         0
@@ -191,10 +187,11 @@ impl Driver {
                             .per_slot(config.prefetch)
                             .saturating_mul(config.max_concurrent)
                     };
-                    let capacity = slots.available_permits().saturating_add(ahead);
+                    let free = slots.available_permits();
+                    let capacity = free.saturating_add(ahead);
                     capacity
                         .saturating_sub(ready.len() + claiming)
-                        .min(config.batch_size)
+                        .min(config.batch_size.max(free))
                         .min(rooms.available_permits())
                 } else {
                     0

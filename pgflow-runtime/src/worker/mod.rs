@@ -174,7 +174,7 @@ impl<K, C> WorkerBuilder<K, C> {
     setters! {
         /// Handlers running at once (default 10).
         max_concurrent: usize,
-        /// Most messages one read asks for (default 10).
+        /// Most messages one claim asks for, unless more handler slots are free (default 32).
         batch_size: usize,
         /// Results waiting to be recorded at most; claiming pauses at this many (default 128).
         max_unrecorded: usize,
@@ -207,7 +207,7 @@ impl<K, C> WorkerBuilder<K, C> {
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per exchange (default 64).
         completion_batch_size: usize,
-        /// Exchanges (record outputs and claim, one round trip each) in flight at once (default 2).
+        /// Exchanges (record outputs and claim, one round trip each) in flight at once (default 3).
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,

@@ -446,11 +446,12 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // History: the same drains on an empty database and on a large finished history. Last, because it
     // grows the database.
     // A selection runs it only when it names `history` (`--only worker,diamond` is the worker's drains, not
-    // a million-task history).
+    // a million-task history); `--history-tasks 0` leaves it out of a full run.
     let flows: Vec<BenchFlow> = [BenchFlow::Diamond, BenchFlow::Map10]
         .into_iter()
         .filter(|f| {
-            (args.only.is_empty() || args.only.iter().any(|o| o == "history"))
+            args.history_tasks > 0
+                && (args.only.is_empty() || args.only.iter().any(|o| o == "history"))
                 && args.wants(&["history", "worker", f.name()])
         })
         .collect();
