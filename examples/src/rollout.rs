@@ -10,8 +10,10 @@
 //! * **versions**: two `#[flow]` modules, [`threads_v1`] and [`threads_v2`] (V2 adds a confidence to
 //!   the classification);
 //! * **routing**: two `#[queue]`s and one `#[deployment]` per version, both behind the same alias;
-//! * **operations**: one worker builder per worker function ([`classify_worker`], [`deliver_worker`])
-//!   and the four SQL steps of the fence ([`fence`], [`deprecate_and_wait`], [`lift_fence`]).
+//! * **operations**: one worker builder per worker function ([`classify_worker`], [`deliver_worker`]),
+//!   the SQL steps of the fence ([`fence`], [`deprecate_and_wait`], [`lift_fence`]), the retirement check
+//!   ([`version_retirable`]) and the operator's explicit alias move ([`activate_alias`]) for a rollback or a
+//!   roll forward.
 //!
 //! The `community_rollout` binary runs it all end to end and measures it; `examples/INTEGRATION.md` is its
 //! report.
@@ -418,35 +420,42 @@ pub const DELIVER_FUNCTION: &str = "community-deliver";
 pub enum Versions {
     /// V1 only: the build before the rollout.
     V1,
-    /// V1 and V2 (V2 served last, so it activates the alias): the build while V1 drains.
+    /// V1 and V2, V2 served last: the build while V1 drains. Its startup points the alias at V2 once its
+    /// function is enabled and its queue's coverage holds.
     V1AndV2,
+    /// V2 and V1, V1 served last: the rollback build, whose startup keeps (or points) the alias at V1, so
+    /// that an operator's rollback to V1 survives restarts.
+    V2AndV1,
     /// V2 only: the build after V1 is retired.
     V2,
 }
 
 impl Versions {
-    /// Parses `v1`, `v1v2` or `v2`.
+    /// Parses `v1`, `v1v2`, `v2v1` or `v2`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "v1" => Some(Versions::V1),
             "v1v2" => Some(Versions::V1AndV2),
+            "v2v1" => Some(Versions::V2AndV1),
             "v2" => Some(Versions::V2),
             _ => None,
         }
     }
 
-    /// `v1`, `v1v2` or `v2`.
+    /// `v1`, `v1v2`, `v2v1` or `v2`.
     pub fn as_str(self) -> &'static str {
         match self {
             Versions::V1 => "v1",
             Versions::V1AndV2 => "v1v2",
+            Versions::V2AndV1 => "v2v1",
             Versions::V2 => "v2",
         }
     }
 }
 
-/// Adds the deployments of `versions` to a queue worker's registry, V1 first: when both are served, V2 is
-/// served last and activates the alias.
+/// Adds the deployments of `versions` to a queue worker's registry, in the order [`Versions`] names them:
+/// of two deployments sharing the alias, the one served last is the one whose alias the worker activates
+/// (after its fence and coverage checks pass; a fenced or refused start moves no alias).
 fn serve<Q: Queue, C>(
     b: WorkerBuilder<OnQueue<Q>, C>,
     versions: Versions,
@@ -460,6 +469,9 @@ where
         Versions::V1AndV2 => b
             .serve::<CommunityThreadsV1>()
             .serve::<CommunityThreadsV2>(),
+        Versions::V2AndV1 => b
+            .serve::<CommunityThreadsV2>()
+            .serve::<CommunityThreadsV1>(),
         Versions::V2 => b.serve::<CommunityThreadsV2>(),
     }
 }
@@ -532,8 +544,9 @@ pub async fn fence(
 }
 
 /// Rollout step 2: deprecates the live workers of the fenced functions and waits until none is alive. A
-/// worker counts as alive while it is not stopped and its heartbeat is younger than `liveness` (the guide
-/// uses 30 seconds; here the workers' dead-worker timeout). Returns how long the drain took.
+/// worker counts as alive while it is not stopped and its heartbeat is younger than `liveness`: the workers'
+/// dead-worker timeout (10 s by default, as in `pgflow-sql/OPERATIONS.md`; [`DEAD_WORKER_TIMEOUT`] here).
+/// Returns how long the drain took.
 ///
 /// # Errors
 /// A database error, or workers still alive after `limit`.
@@ -595,6 +608,28 @@ pub async fn version_retirable(
     sqlx::query_scalar("select pgflow.version_retirable(flow_slug => $1, queue_name => $2)")
         .bind(flow_slug)
         .bind(queue)
+        .fetch_one(pool)
+        .await
+}
+
+/// `pgflow.activate_alias(alias, flow_slug)`: points the alias at a compiled version, the operator's rollback
+/// (or roll forward). Returns `{alias, flow_slug, previous_flow_slug, activated_at, activated}`.
+///
+/// Runs started by the alias afterwards are runs of `flow_slug`, so a build serving `flow_slug` must be
+/// running (or come up) on every queue it routes to; the workers' next startups move the alias again to the
+/// version their registries serve last, so a lasting move also deploys registries that serve `flow_slug`
+/// last ([`Versions::V2AndV1`] for a rollback to V1).
+///
+/// # Errors
+/// A database error; `PF019` when `flow_slug` is not compiled.
+pub async fn activate_alias(
+    pool: &PgPool,
+    alias: &str,
+    flow_slug: &str,
+) -> Result<serde_json::Value, sqlx::Error> {
+    sqlx::query_scalar("select pgflow.activate_alias(alias => $1, flow_slug => $2)")
+        .bind(alias)
+        .bind(flow_slug)
         .fetch_one(pool)
         .await
 }

@@ -11,20 +11,31 @@
 //! 1. **V1 live**: V1-only processes; a burst of threads started by alias.
 //! 2. **Rollout** (`pgflow-sql/OPERATIONS.md`) while V1 runs are in flight: record and disable both
 //!    functions, deprecate their workers and wait until they have stopped (meanwhile
-//!    `version_retirable` says V1 is *not* retirable, and runs started now are still V1), start the V1+V2
-//!    builds while disabled (the first activates V2; each exits without claiming), re-enable the recorded
-//!    set and start them for real.
+//!    `version_retirable` says V1 is *not* retirable), start the V1+V2 builds while disabled (each
+//!    compiles V2, stops at the fence and exits without claiming; the alias stays at V1, so runs started
+//!    now are still V1), re-enable the recorded set and start them for real: the first of them to start
+//!    points the alias at V2.
 //! 3. **Drain and faults**: a burst started by alias runs as V2 while the earlier V1 runs finish on V1's
-//!    handlers. Meanwhile one classify process is SIGKILLed while it holds tasks (its sibling recovers
-//!    them after the dead-worker timeout) and one deliver process is SIGSTOPped in the middle of a slow
-//!    webhook call until its task has been recovered and completed elsewhere, then resumed (its late
-//!    result is ignored as stale, its second Slack post refused by the domain's unique key). Some threads
-//!    make the model fail once (retry). A V2-only deliver build is refused while V1 drains.
+//!    handlers. A run started through V1's typed deployment is a V2 run: its V1-typed handle refuses to
+//!    wait (`WaitError::OtherVersion`), the V2 handle from `as_version` waits. Meanwhile one classify
+//!    process is SIGKILLed while it holds tasks (its sibling recovers them after the dead-worker timeout)
+//!    and one deliver process is SIGSTOPped in the middle of a slow webhook call until its task has been
+//!    recovered and completed elsewhere, then resumed (its late result is ignored as stale, its second
+//!    Slack post refused by the domain's unique key). Some threads make the model fail once (retry). A
+//!    V2-only deliver build is refused while V1 drains.
 //! 4. **A message read twice**: the visibility of a running task's message is reset by hand, so a second
 //!    read sees it while the first attempt still runs.
 //! 5. **Retire V1** once `version_retirable` says so for both queues, with the same fence, and run V2-only
 //!    builds.
-//! 6. **Verify and report**: everything is checked from the database; any expectation that does not hold
+//! 6. **Mistakes and rollback**: the retired V1-only build, started again while a V2 run waits, is refused
+//!    and moves no alias. An operator rolls back to V1 with `pgflow.activate_alias` (runs started by alias
+//!    are V1 again, and wait until a build serving V1 runs: the V2-only build is refused), runs a rollback
+//!    build that serves V1 last, and rolls forward to V2 the same way; an explicit move lasts until a build
+//!    serving another version last starts (a restarted rollback build moves the alias back to V1), so V1+V2
+//!    builds replace the rollback builds. Last, the retired build started once nothing of V2 is in flight
+//!    passes its checks and does move the alias, which is why a retired build must stay where supervision
+//!    cannot start it; the operator moves the alias back.
+//! 7. **Verify and report**: everything is checked from the database; any expectation that does not hold
 //!    ends the program with a non-zero exit and a one-line error.
 //!
 //! With `DATABASE_URL` unset it uses a throwaway PostgreSQL, removed at exit.
@@ -36,13 +47,15 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use pgflow_examples::rollout::threads_v1::ThreadsV1;
+use pgflow_examples::rollout::threads_v2::ThreadsV2;
 use pgflow_examples::rollout::{
     self, classify_worker, deliver_worker, CommunityThreadsV1, CommunityThreadsV2, Thread,
     Versions, ALIAS, CLASSIFY_CONCURRENCY, CLASSIFY_FUNCTION, DEAD_WORKER_TIMEOUT,
     DELIVER_CONCURRENCY, DELIVER_FUNCTION, SLOW_MODEL_THREAD, SLOW_WEBHOOK_THREAD,
 };
 use pgflow_runtime::worker::shutdown_signal;
-use pgflow_runtime::{client, Client, Deployment, WorkerBuilder, WorkerError};
+use pgflow_runtime::{client, Client, Deployment, WaitError, WorkerBuilder, WorkerError};
 use pgflow_sql::throwaway::{fresh_database, Contents};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -65,6 +78,9 @@ const WORKER_SUBCOMMAND: &str = "__worker";
 const URL_VARIABLE: &str = "COMMUNITY_ROLLOUT_DATABASE_URL";
 /// The process's name, its connections' `application_name`.
 const NAME_VARIABLE: &str = "COMMUNITY_ROLLOUT_PROCESS";
+/// The thread started through V1's typed deployment after the alias moved to V2 (a help thread, so its
+/// run output has a delivery).
+const TYPED_HANDLE_THREAD: i64 = 302;
 /// The longest the program waits for any one thing.
 const LIMIT: Duration = Duration::from_secs(40);
 
@@ -110,7 +126,7 @@ fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), BoxError> {
 // The worker process
 // ------------------------------------------------------------------------------------------------------
 
-/// `__worker classify|deliver v1|v1v2|v2`: one process of a worker function. Prints one line when it is
+/// `__worker classify|deliver v1|v1v2|v2v1|v2`: one process of a worker function. Prints one line when it is
 /// serving (`ready <worker id> <startup banner>`), then one when it stops (`report ...`), or one line
 /// `fenced ...` when its function is disabled, or `error ...`.
 async fn worker_process(args: &[String]) -> ExitCode {
@@ -127,7 +143,11 @@ async fn worker_process(args: &[String]) -> ExitCode {
                 queue.as_str(),
                 Versions::parse(versions).ok_or("bad versions")?,
             ),
-            _ => return Err::<(), BoxError>("usage: __worker classify|deliver v1|v1v2|v2".into()),
+            _ => {
+                return Err::<(), BoxError>(
+                    "usage: __worker classify|deliver v1|v1v2|v2v1|v2".into(),
+                )
+            }
         };
         let options: PgConnectOptions = std::env::var(URL_VARIABLE)?.parse()?;
         let options = options.application_name(&std::env::var(NAME_VARIABLE)?);
@@ -173,7 +193,8 @@ async fn serve<K>(builder: WorkerBuilder<K>, token: CancellationToken) -> Result
             );
             Ok(())
         }
-        // A build started while its function is fenced exits without claiming (rollout step 3).
+        // A build started while its function is fenced stops at the fence: it has compiled its versions but
+        // moves no alias and claims nothing (rollout step 3).
         Err(e @ WorkerError::FunctionDisabled { .. }) => {
             println!("fenced {}", one_line(&e.to_string()));
             Ok(())
@@ -218,6 +239,8 @@ struct Proc {
     child: Child,
     pid: i32,
     worker_id: Option<Uuid>,
+    /// The startup banner: each deployment's compile status and what happened to its alias.
+    banner: String,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: Arc<Mutex<Vec<String>>>,
 }
@@ -324,6 +347,7 @@ impl Supervisor {
             child,
             pid,
             worker_id: None,
+            banner: String::new(),
             lines,
             stderr,
         };
@@ -335,6 +359,7 @@ impl Supervisor {
             let (id, banner) = rest.split_once(' ').unwrap_or((rest, ""));
             let id: Uuid = id.parse()?;
             proc.worker_id = Some(id);
+            proc.banner = banner.to_owned();
             println!("   started {} pid {pid}: {banner}", proc.name);
             Ok(Start::Ready(Box::new(proc)))
         } else if let Some(rest) = line.strip_prefix("fenced ") {
@@ -436,6 +461,26 @@ async fn alias_target(pool: &PgPool) -> Result<Option<String>, BoxError> {
     )
 }
 
+/// Where the alias points and when it was last activated (seconds since the epoch).
+async fn alias_state(pool: &PgPool) -> Result<(String, f64), BoxError> {
+    Ok(sqlx::query_as(
+        "select flow_slug, extract(epoch from activated_at)::float8 from pgflow.flow_aliases where alias = $1",
+    )
+    .bind(ALIAS)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Whether concrete flow `flow_slug` is compiled (`pgflow.flows`).
+async fn compiled(pool: &PgPool, flow_slug: &str) -> Result<bool, BoxError> {
+    Ok(
+        sqlx::query_scalar("select exists (select 1 from pgflow.flows where flow_slug = $1)")
+            .bind(flow_slug)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// The database's clock, in seconds since the epoch (every time measured here is the database's).
 async fn db_now(pool: &PgPool) -> Result<f64, BoxError> {
     Ok(
@@ -510,6 +555,8 @@ struct Measured {
     v1_runs_before_rollout: usize,
     v1_runs_during_fence: usize,
     v1_in_flight_at_fence: i64,
+    fenced_deploy: String,
+    activation: String,
     drain: Duration,
     claim_pause: Duration,
     not_retirable: Vec<String>,
@@ -524,6 +571,8 @@ struct Measured {
     invocations_of_twice_read_task: i64,
     retire_pause: Duration,
     mistaken_start: String,
+    rollback: String,
+    idle_restart: String,
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -552,7 +601,7 @@ async fn run() -> Result<(), BoxError> {
     let burst_v2 = drain_with_faults(&pool, &mut sup, &mut m, &mut fleet).await?;
     let twice = read_twice(&pool, &mut m).await?;
     let final_run = retire(&pool, &mut sup, &mut m, fleet).await?;
-    let (mistake, repaired) = mistaken_start(&pool, &mut sup, &mut m).await?;
+    let mistakes = mistakes_and_rollback(&pool, &mut sup, &mut m).await?;
 
     let all: Vec<&Started> = burst_v1
         .iter()
@@ -560,8 +609,7 @@ async fn run() -> Result<(), BoxError> {
         .chain(&burst_v2)
         .chain(&twice)
         .chain(&final_run)
-        .chain(&mistake)
-        .chain(&repaired)
+        .chain(&mistakes)
         .collect();
     verify(&pool, &all, &mut m).await?;
     report(&pool, &sup, &m, wall.elapsed()).await?;
@@ -605,7 +653,7 @@ async fn collect_fleet(sup: &mut Supervisor, fleet: Fleet) -> Result<Vec<Stopped
 }
 
 /// Rollout step 3: starts one process of each function with `versions` while the functions are disabled;
-/// each compiles (the first activates the alias), checks coverage and exits without claiming.
+/// each compiles or verifies its versions, then stops at the fence: it moves no alias and claims nothing.
 async fn deploy_fenced(sup: &mut Supervisor, versions: Versions) -> Result<(), BoxError> {
     for role in [Role::Classify, Role::Deliver] {
         if let Start::Ready(p) = sup.start(role, versions).await? {
@@ -710,22 +758,17 @@ async fn roll_out(
             blockers(&r)
         );
     }
-    let during =
-        start_threads::<CommunityThreadsV1, _>(pool, [101, 102, 103, SLOW_WEBHOOK_THREAD]).await?;
-    for s in &during {
-        expect(s.flow_slug == V1, || {
-            format!("a run started during the fence is V1, got {}", s.flow_slug)
-        })?;
-    }
-    m.v1_runs_during_fence = during.len();
-    println!(
-        "   started {} more threads during the fence: still {V1}, queued with no worker",
-        during.len()
-    );
-
+    expect(!compiled(pool, V2).await?, || {
+        "V2 is not compiled before its builds are deployed".into()
+    })?;
+    let before = alias_state(pool).await?;
     deploy_fenced(sup, Versions::V1AndV2).await?;
-    expect(alias_target(pool).await?.as_deref() == Some(V2), || {
-        "the first V1+V2 build activated V2".into()
+    let after = alias_state(pool).await?;
+    expect(compiled(pool, V2).await?, || {
+        "the fenced V1+V2 builds compiled V2".into()
+    })?;
+    expect(after.0 == V1 && after == before, || {
+        format!("a fenced start moved no alias: before {before:?}, after {after:?}")
     })?;
     let claimed_while_fenced = scalar_i64(
         pool,
@@ -736,9 +779,30 @@ async fn roll_out(
     expect(claimed_while_fenced == 0, || {
         format!("{claimed_while_fenced} tasks claimed while fenced")
     })?;
-    println!("   step 3: V1+V2 builds deployed while disabled; the alias now points at {V2}; nothing claimed");
+    let during =
+        start_threads::<CommunityThreadsV1, _>(pool, [101, 102, 103, SLOW_WEBHOOK_THREAD]).await?;
+    for s in &during {
+        expect(s.flow_slug == V1, || {
+            format!(
+                "a run started while V2 is compiled but fenced is V1, got {}",
+                s.flow_slug
+            )
+        })?;
+    }
+    m.v1_runs_during_fence = during.len();
+    m.fenced_deploy = format!(
+        "V1+V2 builds started while disabled compiled {V2} and exited at the fence; the alias stayed at {V1} \
+         (activated_at unchanged), nothing was claimed, and {} runs started by alias meanwhile were {V1}",
+        during.len()
+    );
+    println!(
+        "   step 3: V1+V2 builds deployed while disabled: {V2} compiled, the alias still points at {V1}, \
+         nothing claimed; {} more threads started by alias: still {V1}, queued with no worker",
+        during.len()
+    );
 
     rollout::lift_fence(pool).await?;
+    let lifted_at = db_now(pool).await?;
     let fleet = start_fleet(sup, Versions::V1AndV2, 2).await?;
     m.claim_pause = fence_started.elapsed();
     m.new_builds = fleet
@@ -747,8 +811,42 @@ async fn roll_out(
         .chain(&fleet.deliver)
         .filter_map(|p| p.worker_id)
         .collect();
+    // The first build to start once enabled moved the alias; the others found it in place.
+    let activated = format!("alias `{ALIAS}` activated (was `{V1}`)");
+    let activators: Vec<&str> = fleet
+        .classify
+        .iter()
+        .chain(&fleet.deliver)
+        .filter(|p| p.banner.contains(&activated))
+        .map(|p| p.name.as_str())
+        .collect();
+    let (target, activated_at) = alias_state(pool).await?;
+    let previous: Option<String> =
+        sqlx::query_scalar("select previous_flow_slug from pgflow.flow_aliases where alias = $1")
+            .bind(ALIAS)
+            .fetch_one(pool)
+            .await?;
+    expect(
+        target == V2
+            && previous.as_deref() == Some(V1)
+            && activators == [fleet.classify[0].name.as_str()],
+        || {
+            format!(
+                "the first enabled V1+V2 build alone moved the alias from V1 to V2: alias {target} \
+                 (previous {previous:?}), moved by {activators:?}"
+            )
+        },
+    )?;
+    let after_lift_ms = (activated_at - lifted_at) * 1000.0;
+    m.activation = format!(
+        "{V1} → {V2} by the startup of {} (the first V1+V2 build started once enabled), {after_lift_ms:.0} ms \
+         after the fence was lifted; the other 3 found it already active",
+        activators[0]
+    );
     println!(
-        "   step 4: re-enabled the recorded set; claims were paused for {} ms",
+        "   step 4: re-enabled the recorded set; {} moved the alias to {V2} {after_lift_ms:.0} ms later; \
+         claims were paused for {} ms",
+        activators[0],
         m.claim_pause.as_millis()
     );
     Ok((fleet, during))
@@ -788,27 +886,53 @@ async fn drain_with_faults(
             )
         })?;
     }
-    // The typed handle is of the deployment the producer names, not of the version the alias chose.
+    // A handle typed by the deployment the producer names, V1's, of a run the alias started on V2: waiting
+    // through it is refused (it would decode V2's output as V1's); the handle of the run's version waits.
     sqlx::query("insert into community.threads (id, body) values ($1, $2)")
-        .bind(301_i64)
-        .bind(&thread(301).text)
+        .bind(TYPED_HANDLE_THREAD)
+        .bind(&thread(TYPED_HANDLE_THREAD).text)
         .execute(pool)
         .await?;
     let handle = Client::new(pool.clone())
-        .start_deployed::<CommunityThreadsV1>(&thread(301))
+        .start_deployed::<CommunityThreadsV1>(&thread(TYPED_HANDLE_THREAD))
         .await?;
-    let typed_v1 = handle
-        .as_version::<rollout::threads_v1::ThreadsV1>()
-        .is_some();
-    m.cross_version_handle = format!(
-        "start_deployed::<CommunityThreadsV1>() returned a RunHandle<ThreadsV1> of a {} run \
-         (as_version::<ThreadsV1>() is {})",
-        handle.flow_slug(),
-        if typed_v1 { "Some" } else { "None" }
-    );
     expect(handle.flow_slug() == V2, || {
-        "a V1-typed start after activation runs V2".into()
+        format!(
+            "a V1-typed start after activation runs V2, got {}",
+            handle.flow_slug()
+        )
     })?;
+    let refusal = match handle.wait(LIMIT).await {
+        Err(e @ WaitError::OtherVersion { .. }) => e,
+        other => {
+            return Err(format!(
+                "a RunHandle<ThreadsV1> of a V2 run must refuse to wait, got {:?}",
+                other.map(|o| o.deliver_slack.map(|d| d.version))
+            )
+            .into())
+        }
+    };
+    let WaitError::OtherVersion {
+        expected_flow_slug,
+        flow_slug,
+        ..
+    } = &refusal
+    else {
+        unreachable!("matched above");
+    };
+    expect(*expected_flow_slug == V1 && flow_slug == V2, || {
+        format!("the refusal names both versions: {refusal}")
+    })?;
+    let v2_handle = handle
+        .as_version::<ThreadsV2>()
+        .ok_or("as_version::<ThreadsV2>() of a V2 run")?;
+    expect(handle.as_version::<ThreadsV1>().is_none(), || {
+        "as_version::<ThreadsV1>() of a V2 run is None".into()
+    })?;
+    println!(
+        "   start_deployed::<CommunityThreadsV1>() started a {V2} run; its RunHandle<ThreadsV1>::wait() \
+         refused at once: WaitError::OtherVersion"
+    );
     m.v2_runs = burst.len() + 1;
     println!("   started {} threads by alias: all {V2}", m.v2_runs);
 
@@ -825,7 +949,17 @@ async fn drain_with_faults(
         .classify
         .push(sup.ready(Role::Classify, Versions::V1AndV2).await?);
     all_runs_finished(pool, "every run to finish").await?;
-    println!("   every run finished");
+    let output = v2_handle.wait(LIMIT).await?;
+    let delivered_by = output.deliver_slack.map(|d| d.version);
+    expect(delivered_by.as_deref() == Some("v2"), || {
+        format!("the V2 handle's output is V2's delivery, got {delivered_by:?}")
+    })?;
+    m.cross_version_handle = format!(
+        "start_deployed::<CommunityThreadsV1>() after activation started a {V2} run; RunHandle<ThreadsV1>::wait() \
+         returned WaitError::OtherVersion {{ expected_flow_slug: {V1}, flow_slug: {V2} }} without waiting; \
+         as_version::<ThreadsV1>() is None, as_version::<ThreadsV2>().wait() returned V2's output (deliverSlack by v2)"
+    );
+    println!("   every run finished; the V2 handle of the V1-typed start returned V2's output");
     Ok(burst)
 }
 
@@ -874,20 +1008,29 @@ fn describe_gaps(gaps: &[pgflow_runtime::CoverageGap]) -> String {
         .join(", ")
 }
 
-/// Starts the retired V1-only classify build again (as a supervisor might, by mistake) while a V2 run waits
-/// and no worker runs, then a run by alias, then the current V2-only deliver build; repairs with V1+V2
-/// builds. Startup compiles and activates before it checks coverage, so a refused build still moves the
-/// alias: recorded, not required.
-async fn mistaken_start(
+/// Phase 6, after the retirement, with no worker running:
+///
+/// * the retired V1-only classify build, started again by mistake while a V2 run waits, is refused by the
+///   coverage check and moves no alias;
+/// * the operator rolls back with `pgflow.activate_alias(alias, V1)`: runs started by alias are V1 from then
+///   on, and can only run where a build serves V1 (the current V2-only build is refused, and moves nothing);
+///   a rollback build serving V2 then V1 (V1 last, so its startups keep the alias at V1) runs them;
+/// * the operator rolls forward with `pgflow.activate_alias(alias, V2)`; that lasts only until a build
+///   serving V1 last starts again (a restarted rollback build moves the alias back to V1), so V1+V2 builds
+///   (V2 last) replace the rollback builds and move it to V2 for good;
+/// * once nothing of V2 is in flight, the retired build started again passes its checks and moves the alias
+///   to V1: only keeping it where supervision cannot start it prevents that. The operator moves it back.
+///
+/// Returns the runs started.
+async fn mistakes_and_rollback(
     pool: &PgPool,
     sup: &mut Supervisor,
     m: &mut Measured,
-) -> Result<(Vec<Started>, Vec<Started>), BoxError> {
+) -> Result<Vec<Started>, BoxError> {
     println!("\n6. The retired V1-only {CLASSIFY_FUNCTION} build started again by mistake while a V2 run waits");
-    let waiting = start_threads::<CommunityThreadsV2, _>(pool, [500]).await?;
-    expect(waiting[0].flow_slug == V2, || {
-        "the waiting run is V2".into()
-    })?;
+    let mut runs = start_threads::<CommunityThreadsV2, _>(pool, [500]).await?;
+    expect(runs[0].flow_slug == V2, || "the waiting run is V2".into())?;
+    let before = alias_state(pool).await?;
     let refused = classify_worker(pool.clone(), Versions::V1)
         .build()?
         .run(CancellationToken::new())
@@ -898,62 +1041,208 @@ async fn mistaken_start(
         )
         .into());
     };
-    let gaps: Vec<String> = gaps
-        .iter()
-        .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
-        .collect();
-    let alias = alias_target(pool).await?.unwrap_or_default();
-    println!(
-        "   refused ({}); the alias now points at {alias}",
-        gaps.join(", ")
+    expect(gaps.iter().all(|g| g.flow_slug == V2), || {
+        format!("the refusal names V2's pairs: {}", describe_gaps(gaps))
+    })?;
+    let after = alias_state(pool).await?;
+    expect(after.0 == V2 && after == before, || {
+        format!("the refused start moved no alias: before {before:?}, after {after:?}")
+    })?;
+    let next = start_threads::<CommunityThreadsV2, _>(pool, [501]).await?;
+    expect(next[0].flow_slug == V2, || {
+        format!(
+            "a run started by alias after the refusal is V2, got {}",
+            next[0].flow_slug
+        )
+    })?;
+    runs.extend(next);
+    m.mistaken_start = format!(
+        "retired V1-only build refused ({}); the alias stayed at {V2} (activated_at unchanged); the next run by \
+         alias was {V2}",
+        describe_gaps(gaps)
     );
-    let after = start_threads::<CommunityThreadsV2, _>(pool, [502]).await?;
-    println!("   the next run started by alias is {}", after[0].flow_slug);
+    println!(
+        "   refused ({}); the alias still points at {V2}, activated_at unchanged; the next run by alias is {V2}",
+        describe_gaps(gaps)
+    );
+
+    println!("   rollback: select pgflow.activate_alias('{ALIAS}', '{V1}')");
+    let back = rollout::activate_alias(pool, ALIAS, V1).await?;
+    expect(
+        back["activated"] == true && back["flow_slug"] == V1 && back["previous_flow_slug"] == V2,
+        || format!("the rollback moved the alias from V2 to V1: {back}"),
+    )?;
+    let rolled_back = start_threads::<CommunityThreadsV2, _>(pool, [502]).await?;
+    expect(rolled_back[0].flow_slug == V1, || {
+        format!(
+            "a run started by alias after the rollback is V1, got {}",
+            rolled_back[0].flow_slug
+        )
+    })?;
+    runs.extend(rolled_back.iter().cloned());
+    // The rollback is only as good as the builds that serve V1: the current V2-only build cannot run it.
     let current = deliver_worker(pool.clone(), Versions::V2)
         .build()?
-        .spawn(CancellationToken::new())
+        .run(CancellationToken::new())
         .await;
-    let current = match current {
-        Ok(handle) => {
-            handle.stop().await?;
-            "started".to_owned()
-        }
-        Err(WorkerError::CoverageGap { gaps, .. }) => format!(
-            "refused ({})",
-            gaps.iter()
-                .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Err(e) => return Err(e.into()),
-    };
-    let alias_after = alias_target(pool).await?.unwrap_or_default();
-    println!("   the current V2-only {DELIVER_FUNCTION} build: {current}; the alias now points at {alias_after}");
-    m.mistaken_start = format!(
-        "retired V1-only build refused ({}) but moved the alias to {alias}; next run by alias: {}; current V2-only build: {current}, alias back to {alias_after}",
-        gaps.join(", "),
-        after[0].flow_slug
-    );
-    // Repair: builds that serve both versions again.
-    let mut repair = Vec::new();
-    for role in [Role::Classify, Role::Deliver] {
-        repair.push(sup.ready(role, Versions::V1AndV2).await?);
-    }
-    wait_until("every run to finish after the repair", || async {
-        Ok(scalar_i64(
-            pool,
-            "select count(*) from pgflow.runs where status = 'started'",
+    let Err(WorkerError::CoverageGap { gaps, .. }) = &current else {
+        return Err(format!(
+            "the V2-only build must be refused once the alias points at V1, got {current:?}"
         )
-        .await?
-            == 0)
-    })
-    .await?;
-    println!("   repaired with V1+V2 builds; both runs completed");
-    for p in repair {
+        .into());
+    };
+    let v2_only_refusal = describe_gaps(gaps);
+    expect(gaps.iter().all(|g| g.flow_slug == V1), || {
+        format!("the refusal names V1's pairs: {v2_only_refusal}")
+    })?;
+    expect(alias_target(pool).await?.as_deref() == Some(V1), || {
+        "the refused V2-only start left the rollback in place".into()
+    })?;
+    let v1_status: String = sqlx::query_scalar("select status from pgflow.runs where run_id = $1")
+        .bind(rolled_back[0].run_id)
+        .fetch_one(pool)
+        .await?;
+    expect(v1_status == "started", || {
+        format!("the V1 run waits for a build that serves V1, got {v1_status}")
+    })?;
+    println!(
+        "   the next run by alias is {V1}; the current V2-only {DELIVER_FUNCTION} build refuses ({v2_only_refusal}) \
+         and moves nothing; the V1 run waits for a build that serves V1"
+    );
+    let waiting_since = Instant::now();
+    let mut rollback_builds = Vec::new();
+    for role in [Role::Classify, Role::Deliver] {
+        rollback_builds.push(sup.ready(role, Versions::V2AndV1).await?);
+    }
+    let moved_by: Vec<&str> = rollback_builds
+        .iter()
+        .filter(|p| p.banner.contains("activated"))
+        .map(|p| p.name.as_str())
+        .collect();
+    expect(
+        moved_by.is_empty() && alias_target(pool).await?.as_deref() == Some(V1),
+        || {
+            format!(
+                "the rollback builds (V1 served last) kept the alias at V1, moved by {moved_by:?}"
+            )
+        },
+    )?;
+    all_runs_finished(pool, "the runs waiting through the rollback to finish").await?;
+    let served_after = waiting_since.elapsed();
+    println!(
+        "   rollback builds (V2 then V1) started: the alias stays at {V1}; the 3 waiting runs (2 on {V2}, 1 on {V1}) \
+         completed {} ms after they came up",
+        served_after.as_millis()
+    );
+
+    println!("   roll forward: select pgflow.activate_alias('{ALIAS}', '{V2}')");
+    let forward = rollout::activate_alias(pool, ALIAS, V2).await?;
+    expect(
+        forward["activated"] == true
+            && forward["flow_slug"] == V2
+            && forward["previous_flow_slug"] == V1,
+        || format!("the roll forward moved the alias from V1 to V2: {forward}"),
+    )?;
+    let rolled_forward = start_threads::<CommunityThreadsV2, _>(pool, [503]).await?;
+    expect(rolled_forward[0].flow_slug == V2, || {
+        format!(
+            "a run started by alias after the roll forward is V2, got {}",
+            rolled_forward[0].flow_slug
+        )
+    })?;
+    runs.extend(rolled_forward);
+    all_runs_finished(pool, "the run after the roll forward to finish").await?;
+    println!("   the next run by alias is {V2}, and it completed on the rollback builds");
+    // An explicit activation lasts until the next startup of a build that serves another version last: a
+    // restart of a rollback build (a crash, a redeploy) points the alias at V1 again.
+    let restarted = rollback_builds.remove(0);
+    restarted.signal(Signal::SIGTERM)?;
+    sup.collect(restarted).await?;
+    let restarted = sup.ready(Role::Classify, Versions::V2AndV1).await?;
+    let undone = alias_target(pool).await?;
+    expect(
+        undone.as_deref() == Some(V1)
+            && restarted
+                .banner
+                .contains(&format!("activated (was `{V2}`)")),
+        || {
+            format!(
+                "a restarted rollback build moves the alias back to V1: alias {undone:?}, banner {}",
+                restarted.banner
+            )
+        },
+    )?;
+    println!(
+        "   {} restarted: the alias points at {V1} again; replacing the rollback builds with V1+V2 builds",
+        restarted.name
+    );
+    rollback_builds.push(restarted);
+    // A lasting roll forward replaces the rollback builds with builds that serve V2 last.
+    for p in rollback_builds {
         p.signal(Signal::SIGTERM)?;
         sup.collect(p).await?;
     }
-    Ok((waiting, after))
+    let mut forward_builds = Vec::new();
+    for role in [Role::Classify, Role::Deliver] {
+        forward_builds.push(sup.ready(role, Versions::V1AndV2).await?);
+    }
+    expect(
+        alias_target(pool).await?.as_deref() == Some(V2)
+            && forward_builds[0]
+                .banner
+                .contains(&format!("activated (was `{V1}`)")),
+        || "the first V1+V2 build (V2 served last) moved the alias to V2 again".into(),
+    )?;
+    let last = start_threads::<CommunityThreadsV2, _>(pool, [504]).await?;
+    expect(last[0].flow_slug == V2, || {
+        "the last run by alias is V2".into()
+    })?;
+    runs.extend(last);
+    all_runs_finished(pool, "the last run by alias to finish").await?;
+    for p in forward_builds {
+        p.signal(Signal::SIGTERM)?;
+        sup.collect(p).await?;
+    }
+    m.rollback = format!(
+        "activate_alias({V1}) moved the alias from {V2}; the next run by alias was {V1}; the V2-only build was \
+         refused ({v2_only_refusal}) and moved nothing; the V1 run waited until rollback builds (V2 then V1) came \
+         up, which kept the alias at {V1}, and completed {} ms later; activate_alias({V2}) moved it forward and the \
+         next run by alias was {V2}, but a restart of a rollback build moved it back to {V1}; V1+V2 builds replacing \
+         them moved it to {V2} again",
+        served_after.as_millis()
+    );
+    println!("   the first V1+V2 build moved the alias to {V2} again; the next run by alias is {V2}; every run completed");
+
+    // With nothing of V2 in flight, the coverage check has nothing to refuse: the retired build moves the alias.
+    let idle = classify_worker(pool.clone(), Versions::V1)
+        .build()?
+        .spawn(CancellationToken::new())
+        .await?;
+    let moved = alias_target(pool).await?;
+    let status = idle
+        .deployments()
+        .first()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    idle.stop().await?;
+    expect(
+        moved.as_deref() == Some(V1) && status.contains(&format!("activated (was `{V2}`)")),
+        || {
+            format!("the retired build started with nothing of V2 in flight moves the alias to V1 (as OPERATIONS.md says), got {moved:?}")
+        },
+    )?;
+    let restored = rollout::activate_alias(pool, ALIAS, V2).await?;
+    expect(restored["activated"] == true, || {
+        format!("the operator moved the alias back to V2: {restored}")
+    })?;
+    m.idle_restart = format!(
+        "the retired V1-only build started once nothing of V2 was in flight passed its checks and started ({status}); \
+         the operator moved the alias back with activate_alias({V2})"
+    );
+    println!(
+        "   the retired build started again with nothing of {V2} in flight starts: {status}; moved back with activate_alias"
+    );
+    Ok(runs)
 }
 
 /// What the SIGKILL measured.
@@ -1435,18 +1724,21 @@ async fn report(
             "V1 runs",
             format!(
                 "{} before the rollout ({} in flight when it began) + {} started during the fence \
-                 + 1 started by alias after the mistaken restart (phase 6)",
+                 + 1 started by alias after the operator's rollback (phase 6)",
                 m.v1_runs_before_rollout, m.v1_in_flight_at_fence, m.v1_runs_during_fence
             ),
         ),
         (
             "V2 runs",
             format!(
-                "{} started by alias after activation + 3 later (read twice, after retirement, waiting in phase 6)",
+                "{} started by alias after activation + 6 later (read twice, after retirement; in phase 6 2 around \
+                 the mistaken start, 1 after the roll forward, 1 on the V1+V2 builds)",
                 m.v2_runs
             ),
         ),
         ("V1 tasks run by V1+V2 builds", m.v1_tasks_run_by_new_builds.to_string()),
+        ("fenced deploy", m.fenced_deploy.clone()),
+        ("activation", m.activation.clone()),
         (
             "rollout",
             format!(
@@ -1513,6 +1805,8 @@ async fn report(
         ),
         ("typed handle", m.cross_version_handle.clone()),
         ("mistaken restart", m.mistaken_start.clone()),
+        ("rollback and roll forward", m.rollback.clone()),
+        ("retired build, idle queue", m.idle_restart.clone()),
         ("worker warnings", sup.warnings.len().to_string()),
     ];
     println!("\n== Report ==");
