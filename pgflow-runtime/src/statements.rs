@@ -43,9 +43,10 @@ pub(crate) const UNCOVERED_ROUTES: &str = "select step_slug, queue_name, queued_
      from pgflow.queue_coverage where flow_slug = $1 and uncovered order by step_index";
 
 /// Records finished outputs and claims the next tasks in one transaction (see `pgflow.exchange`) → the
-/// completions' rows (`applied` / `stale`, with `status`), then the claim's rows.
+/// completions' rows (`applied` / `stale`, with `status`), then the claim's rows; each row also names the
+/// backend, so the worker can tell its own queue signals from others'.
 pub(crate) const EXCHANGE: &str = "select outcome, msg_id, flow_slug, run_id, step_slug, \
-     task_index, input, flow_input, attempts_count, timeout, report, status \
+     task_index, input, flow_input, attempts_count, timeout, report, status, pg_backend_pid() as backend_pid \
      from pgflow.exchange(queue_name => $1, worker_id => $2, flow_slugs => $3, step_slugs => $4, \
      qty => $5, vt => $6, run_ids => $7, done_step_slugs => $8, task_indexes => $9, outputs => $10, \
      attempts => $11)";

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::drive::OwnBackends;
 use super::StopReason;
 use crate::statements;
 
@@ -77,7 +78,7 @@ pub(crate) async fn heartbeat(
 /// The channel on which new tasks signal their queue (payload: the queue name; see migration 0017).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
 
-/// Listens for signals of `queue` and fires `wake` on each, until `done`. It listens on a connection of its
+/// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its
 /// own, opened with the pool's settings but outside it, so that it never takes a connection the worker's
 /// exchanges or its handlers need. After a lost connection it listens again and fires `wake` once (a
 /// signal may have been missed); the driver's poll timer covers the gap.
@@ -85,6 +86,7 @@ pub(crate) async fn listen(
     pool: PgPool,
     queue: String,
     wake: std::sync::Arc<Notify>,
+    own: OwnBackends,
     done: CancellationToken,
 ) {
     let pool = PgPoolOptions::new()
@@ -121,7 +123,9 @@ pub(crate) async fn listen(
                 r = listener.try_recv() => r,
             };
             match received {
-                Ok(Some(n)) if n.payload() == queue => wake.notify_one(),
+                Ok(Some(n)) if n.payload() == queue && !own.contains(n.process_id()) => {
+                    wake.notify_one()
+                }
                 Ok(Some(_)) => {}
                 // The connection was lost and sqlx listens again on a new one.
                 Ok(None) => wake.notify_one(),

@@ -81,6 +81,8 @@ pub(crate) struct ClaimRow {
     report: Option<Value>,
     /// A completion's task status after it (completion rows only).
     status: Option<String>,
+    /// The server process that ran the exchange.
+    backend_pid: i32,
 }
 
 /// How one recorded output came out.
@@ -104,6 +106,8 @@ pub(crate) struct Exchanged {
     pub(crate) claim: ClaimOutcome,
     /// Messages read while their task was already running elsewhere: left for that attempt.
     pub(crate) deferred: u64,
+    /// The server process that ran it, when it returned rows.
+    pub(crate) backend_pid: Option<u32>,
 }
 
 impl Exchanged {
@@ -114,6 +118,7 @@ impl Exchanged {
         let mut tasks = Vec::new();
         let mut deferred = 0;
         let mut claim = None;
+        let backend_pid = rows.first().and_then(|r| u32::try_from(r.backend_pid).ok());
         for row in rows {
             match row.outcome.as_str() {
                 "applied" | "stale" => completions.push(completion(row)?),
@@ -145,6 +150,7 @@ impl Exchanged {
             completions,
             claim: claim.unwrap_or(ClaimOutcome::Claimed(tasks)),
             deferred,
+            backend_pid,
         })
     }
 }
@@ -254,6 +260,7 @@ mod tests {
             timeout: None,
             report: None,
             status: None,
+            backend_pid: 1,
         }
     }
 

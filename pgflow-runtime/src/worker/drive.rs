@@ -70,6 +70,34 @@ pub(crate) struct Driver {
     pub(crate) reason: Arc<Mutex<Option<StopReason>>>,
     /// Fired by queue signals: new work may be waiting.
     pub(crate) wake: Arc<Notify>,
+    /// The server processes of this worker's exchanges, whose queue signals it ignores.
+    pub(crate) own: OwnBackends,
+}
+
+/// The server processes of a worker's exchanges. A signal sent by the worker's own exchange is about
+/// tasks that exchange has just claimed (or left for later claims it makes anyway): waking for it would
+/// only spend a round trip on an empty claim. Other workers of the queue still wake for it.
+#[derive(Clone, Default)]
+pub(crate) struct OwnBackends(Arc<Mutex<Vec<u32>>>);
+
+impl OwnBackends {
+    /// Connections come and go with the pool: only the most recent few are remembered.
+    const KEEP: usize = 16;
+
+    fn add(&self, pid: u32) {
+        let mut pids = self.0.lock().expect("backend list lock");
+        if !pids.contains(&pid) {
+            if pids.len() == Self::KEEP {
+                pids.remove(0);
+            }
+            pids.push(pid);
+        }
+    }
+
+    /// Whether `pid` ran one of this worker's exchanges.
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.0.lock().expect("backend list lock").contains(&pid)
+    }
 }
 
 /// One finished exchange.
@@ -267,6 +295,9 @@ impl Driver {
                     let asked = cycle.rooms.len();
                     match cycle.result {
                         Ok(exchanged) => {
+                            if let Some(pid) = exchanged.backend_pid {
+                                self.own.add(pid);
+                            }
                             errors.reset();
                             hold_until = None;
                             self.recorder.recorded(exchanged.completions, &cycle.outputs);

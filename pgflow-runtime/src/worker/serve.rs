@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::background::{self, Maintenance};
 use super::claim::{Claimer, Unsupported};
-use super::drive::{Driver, Fatal};
+use super::drive::{Driver, Fatal, OwnBackends};
 use super::error::{Context, UnsupportedBatch, WorkerError};
 use super::execute::Shared;
 use super::record::{Pending, Recorder, Stats};
@@ -83,6 +83,7 @@ pub(crate) async fn serve(
     let stats = Arc::new(Stats::default());
     let pending: Pending = Arc::default();
     let wake = Arc::new(Notify::new());
+    let own = OwnBackends::default();
 
     // Claiming stops when `stop` fires: shutdown, deprecation, a disabled function, a fatal claim.
     let stop = shutdown.child_token();
@@ -94,6 +95,7 @@ pub(crate) async fn serve(
         &config,
         &registry.queue,
         &wake,
+        &own,
         &stop,
         &reason,
         &background_done,
@@ -136,6 +138,7 @@ pub(crate) async fn serve(
         stop,
         reason: Arc::clone(&reason),
         wake,
+        own,
     }
     .run(rx)
     .await;
@@ -188,6 +191,7 @@ fn spawn_background(
     config: &WorkerConfig,
     queue: &str,
     wake: &Arc<Notify>,
+    own: &OwnBackends,
     stop: &CancellationToken,
     reason: &Arc<Mutex<Option<StopReason>>>,
     done: &CancellationToken,
@@ -205,6 +209,7 @@ fn spawn_background(
         pool.clone(),
         queue.to_owned(),
         Arc::clone(wake),
+        own.clone(),
         done.clone(),
     )));
     if let Some(interval) = config.maintenance_interval {
