@@ -14,8 +14,10 @@
 //!   Up to `completion_flushers` exchanges are in flight at once; results that finish meanwhile gather
 //!   into the next one.
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
-//!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer
-//!   (`poll_interval` doubling to `max_poll_wait`, with jitter so idle workers do not poll in lockstep).
+//!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
+//!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
+//!   queue, so a busy queue can hold tasks no signal announced), then doubling to `max_poll_wait`; with
+//!   jitter, so that idle workers do not poll in lockstep.
 //! - **Connections.** The driver keeps the connection of its last exchange for a moment ([`SPARE_FOR`])
 //!   and reuses it, so a busy worker does not pay the pool's checkout round trips per exchange; an idle
 //!   one hands it back to the pool.
@@ -51,6 +53,9 @@ use crate::config::WorkerConfig;
 
 /// How long the driver keeps an unused connection before handing it back to the pool.
 const SPARE_FOR: Duration = Duration::from_millis(100);
+
+/// How long after its last claimed task the driver keeps polling at `poll_interval` before it backs off.
+const ACTIVE_FOR: Duration = Duration::from_secs(1);
 
 /// How many unused connections the driver keeps (a pool may be shared by several workers).
 const MAX_SPARE: usize = 1;
@@ -155,6 +160,7 @@ impl Driver {
         let mut want_claim = true;
         let mut poll_at: Option<Instant> = None;
         let mut idle = Backoff::new(config.poll_interval, config.max_poll_wait);
+        let mut last_found = Instant::now();
         let mut errors = Backoff::database(config.poll_error_backoff_max);
         let mut hold_until: Option<Instant> = None;
         let mut stopping: Option<Stopping> = None;
@@ -311,13 +317,18 @@ impl Driver {
                                 ClaimOutcome::Claimed(tasks) => {
                                     if asked > 0 {
                                         // Short of what it asked for: look again on a signal, a result or
-                                        // the poll timer (which backs off while claims find nothing).
+                                        // the poll timer, which backs off only once claims have found
+                                        // nothing for a while (signals are throttled, so a busy queue
+                                        // can have work that no signal announced).
+                                        let now = Instant::now();
                                         if !tasks.is_empty() {
+                                            last_found = now;
+                                        }
+                                        if now.duration_since(last_found) < ACTIVE_FOR {
                                             idle.reset();
                                         }
                                         want_claim = tasks.len() == asked;
-                                        poll_at = (!want_claim)
-                                            .then(|| Instant::now() + jitter(idle.next_delay()));
+                                        poll_at = (!want_claim).then(|| now + jitter(idle.next_delay()));
                                     }
                                     let mut permits = cycle.rooms.into_iter();
                                     for task in tasks {

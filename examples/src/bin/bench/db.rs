@@ -247,17 +247,44 @@ impl BenchDb {
 
     /// p50 and p99 start-to-finish latency (ms) of the completed runs among `run_ids`, from the database's
     /// own timestamps.
-    pub(crate) async fn run_latency(&self, run_ids: &[Uuid]) -> Result<(f64, f64), sqlx::Error> {
-        let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(
-            "select percentile_cont(0.5) within group (order by ms), percentile_cont(0.99) within group (order by ms) \
-             from (select extract(epoch from completed_at - started_at) * 1000 as ms \
+    pub(crate) async fn run_latency(&self, run_ids: &[Uuid]) -> Result<RunLatency, sqlx::Error> {
+        let (p50, p99, max): (Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+            "select percentile_cont(0.5) within group (order by ms), percentile_cont(0.99) within group (order by ms), \
+             max(ms) \
+             from (select (extract(epoch from completed_at - started_at) * 1000)::float8 as ms \
                    from pgflow.runs where run_id = any ($1) and status = 'completed') x",
         )
         .bind(run_ids)
         .fetch_one(&self.pool)
         .await?;
-        Ok((p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN)))
+        let (waiting, running): (Option<f64>, Option<f64>) = sqlx::query_as(
+            "select percentile_cont(0.5) within group (order by (extract(epoch from started_at - queued_at) * 1000)::float8), \
+             percentile_cont(0.5) within group (order by (extract(epoch from completed_at - started_at) * 1000)::float8) \
+             from pgflow.step_tasks where run_id = any ($1) and status = 'completed'",
+        )
+        .bind(run_ids)
+        .fetch_one(&self.pool)
+        .await?;
+        let nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+        Ok(RunLatency {
+            p50: nan(p50),
+            p99: nan(p99),
+            max: nan(max),
+            task_wait_p50: nan(waiting),
+            task_claimed_p50: nan(running),
+        })
     }
+}
+
+/// Start-to-finish latency of runs, and where a task's time went.
+pub(crate) struct RunLatency {
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) max: f64,
+    /// Median time a task waited on its queue (`queued_at` → `started_at`, its claim).
+    pub(crate) task_wait_p50: f64,
+    /// Median time from a task's claim to its recorded output (`started_at` → `completed_at`).
+    pub(crate) task_claimed_p50: f64,
 }
 
 /// The flows the benchmark runs.

@@ -55,6 +55,8 @@ struct Args {
     ks: Vec<usize>,
     /// Seconds of arrivals in the latency scenarios.
     latency_seconds: f64,
+    /// Offered loads of the latency scenario, as fractions of the driver's own drain rate.
+    latency_loads: Vec<f64>,
     /// Run only the scenarios whose label contains one of these (all when empty).
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
@@ -85,6 +87,7 @@ impl Args {
             tasks: 6000,
             ks: vec![1, 4, 16],
             latency_seconds: 8.0,
+            latency_loads: vec![0.5],
             only: Vec::new(),
             profile: false,
             history_tasks: 1_000_000,
@@ -102,6 +105,16 @@ impl Args {
                     args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
                 }
                 "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
+                "--latency-load" => {
+                    args.latency_loads = value()?
+                        .split(',')
+                        .map(|v| v.trim().parse::<f64>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| format!("--latency-load: {e}"))?;
+                    if args.latency_loads.iter().any(|l| !(*l > 0.0 && *l <= 1.0)) {
+                        return Err("--latency-load: fractions in (0, 1]".into());
+                    }
+                }
                 "--latency-seconds" => {
                     args.latency_seconds = value()?
                         .parse()
@@ -157,7 +170,7 @@ impl Args {
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-load 0.5,0.25] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -380,7 +393,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         }
     }
 
-    // Latency at half the drain throughput, with the highest concurrency.
+    // Latency at fractions of the drain throughput (half by default), with the highest concurrency.
     let k_max = args.ks.iter().copied().max().unwrap_or(1);
     for driver in [
         Driver::SqlUpstreamStyle { k: k_max },
@@ -396,17 +409,24 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             .iter()
             .find(|r| r.k == k_max && r.what == drain_label(flow, driver))
             .map_or(100.0, |r| r.value);
-        let rate = drained / flow.tasks_per_run() as f64 / 2.0;
-        let row = latency(
-            &db,
-            flow,
-            driver,
-            rate,
-            Duration::from_secs_f64(args.latency_seconds),
-        )
-        .await;
-        let label = format!("{}: {} latency", driver.label(), flow.name());
-        record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+        for load in &args.latency_loads {
+            let rate = drained / flow.tasks_per_run() as f64 * load;
+            let row = latency(
+                &db,
+                flow,
+                driver,
+                rate,
+                Duration::from_secs_f64(args.latency_seconds),
+            )
+            .await;
+            let label = format!(
+                "{}: {} latency at {:.0} % of its drain rate",
+                driver.label(),
+                flow.name(),
+                load * 100.0
+            );
+            record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+        }
     }
 
     // Starvation: the community-threads burst in plain and step-queued modes.
@@ -629,7 +649,8 @@ async fn drain(
     .bind(t0)
     .fetch_one(&db.pool)
     .await?;
-    let (p50, p99) = db.run_latency(&run_ids).await?;
+    let lat = db.run_latency(&run_ids).await?;
+    let (p50, p99) = (lat.p50, lat.p99);
     if after == AfterDrain::DeleteFlow {
         cleanup(db, slug).await?;
     }
@@ -707,16 +728,22 @@ async fn latency(
     outcome?;
     db.verify_completed(&run_ids).await?;
     let completed = run_ids.len();
-    let (p50, p99) = db.run_latency(&run_ids).await?;
+    let lat = db.run_latency(&run_ids).await?;
     cleanup(db, slug).await?;
     Ok(Row {
         what: format!("{}: {} latency at {rate:.0} runs/s", driver.label(), flow.name()),
         k: driver.k(),
-        value: p50,
+        value: lat.p50,
         unit: "ms p50",
         extra: format!(
-            "{completed} runs at {:.0} runs/s offered; p50 {p50:.0} ms, p99 {p99:.0} ms start to finish",
-            completed as f64 / duration.as_secs_f64()
+            "{completed} runs at {:.0} runs/s offered; start to finish p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; \
+             per task (median): {:.1} ms queued before its claim, {:.1} ms from claim to recorded output",
+            completed as f64 / duration.as_secs_f64(),
+            lat.p50,
+            lat.p99,
+            lat.max,
+            lat.task_wait_p50,
+            lat.task_claimed_p50,
         ),
         wal: None,
     })
@@ -741,12 +768,13 @@ fn print_table(
     println!("- server: {}", db.server_version);
     println!("- settings: {}", db.settings);
     println!(
-        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {} --budget-tasks {} --budget-k {:?}; whole run {:.0} s\n",
+        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --latency-load {:?} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {} --budget-tasks {} --budget-k {:?}; whole run {:.0} s\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.seconds,
         args.tasks,
         args.ks,
         args.latency_seconds,
+        args.latency_loads,
         args.history_tasks,
         args.history_ks,
         args.history_repeat,
