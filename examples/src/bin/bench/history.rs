@@ -446,15 +446,14 @@ async fn grow_flow(
     // The workers that ran the history: one per RUNS_PER_WORKER consecutive runs, stopped long ago.
     let workers = (runs + RUNS_PER_WORKER - 1) / RUNS_PER_WORKER;
     sqlx::query(
-        "insert into pgflow.workers (worker_id, queue_name, function_name, flow_slug, started_at, \
+        "insert into pgflow.workers (worker_id, queue_name, function_name, started_at, \
                                      last_heartbeat_at, stopped_at) \
-         select md5($1 || ':w:' || w)::uuid, $2, 'bench-history', $3, to_timestamp($4 + w * $5 * $6), \
-                least(now(), to_timestamp($4 + (w + 1) * $5 * $6)), least(now(), to_timestamp($4 + (w + 1) * $5 * $6)) \
-         from generate_series(0, $7 - 1) w",
+         select md5($1 || ':w:' || w)::uuid, $2, 'bench-history', to_timestamp($3 + w * $4 * $5), \
+                least(now(), to_timestamp($3 + (w + 1) * $4 * $5)), least(now(), to_timestamp($3 + (w + 1) * $4 * $5)) \
+         from generate_series(0, $6 - 1) w",
     )
     .bind(key)
     .bind(&queue)
-    .bind(slug)
     .bind(start)
     .bind(RUNS_PER_WORKER as f64)
     .bind(gap)
