@@ -94,18 +94,8 @@ pub(crate) async fn listen(
         .connect_lazy_with(pool.connect_options().as_ref().clone());
     let mut retry_in = Duration::from_millis(100);
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(mut l) => match l.listen(QUEUE_SIGNAL).await {
-                Ok(()) => l,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot listen for queue signals; polling meanwhile");
-                    if sleep_or_done(retry_in, &done).await {
-                        return;
-                    }
-                    retry_in = (retry_in * 2).min(Duration::from_secs(5));
-                    continue;
-                }
-            },
+        let mut listener = match subscribe(&pool).await {
+            Ok(listener) => listener,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot listen for queue signals; polling meanwhile");
                 if sleep_or_done(retry_in, &done).await {
@@ -136,6 +126,13 @@ pub(crate) async fn listen(
             }
         }
     }
+}
+
+/// A listener on the queue signal channel.
+async fn subscribe(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(QUEUE_SIGNAL).await?;
+    Ok(listener)
 }
 
 /// Sleeps `d`; `true` when `done` fired first.

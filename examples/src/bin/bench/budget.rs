@@ -292,6 +292,21 @@ struct BudgetRow {
 
 /// The budget scenario's results.
 #[derive(Debug)]
+impl BudgetRow {
+    /// Per task: round trips, of which pings, statements, commits, WAL flushes, bytes.
+    fn per_task(&self) -> [f64; 6] {
+        let t = self.tasks as f64;
+        [
+            (self.wire.syncs + self.wire.queries) as f64 / t,
+            self.wire.pings as f64 / t,
+            (self.wire.executes + self.wire.queries) as f64 / t,
+            self.commits as f64 / t,
+            self.wal_syncs as f64 / t,
+            self.bytes as f64 / t,
+        ]
+    }
+}
+
 pub(crate) struct BudgetReport {
     rows: Vec<BudgetRow>,
 }
@@ -309,18 +324,10 @@ pub(crate) async fn run(
             Driver::SqlUpstreamStyle { k },
         ] {
             let row = measure(db, driver, BenchFlow::Diamond, tasks).await?;
-            let t = row.tasks as f64;
+            let p = row.per_task();
             eprintln!(
                 "budget {} K={k}: {:.2} RT/task ({:.2} pings), {:.2} statements/task, {:.2} commits/task, {:.2} WAL flushes/task, {:.0} B/task; {} tasks in {:.2} s",
-                row.driver,
-                (row.wire.syncs + row.wire.queries) as f64 / t,
-                row.wire.pings as f64 / t,
-                (row.wire.executes + row.wire.queries) as f64 / t,
-                row.commits as f64 / t,
-                row.wal_syncs as f64 / t,
-                row.bytes as f64 / t,
-                row.tasks,
-                row.seconds
+                row.driver, p[0], p[1], p[2], p[3], p[4], p[5], row.tasks, row.seconds
             );
             rows.push(row);
         }
@@ -464,17 +471,17 @@ impl BudgetReport {
         );
         println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in &self.rows {
-            let t = r.tasks as f64;
+            let p = r.per_task();
             println!(
                 "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {} tasks in {:.2} s; {} connection startups in the window; {} harness commits subtracted |",
                 r.driver,
                 r.k,
-                (r.wire.syncs + r.wire.queries) as f64 / t,
-                r.wire.pings as f64 / t,
-                (r.wire.executes + r.wire.queries) as f64 / t,
-                r.commits as f64 / t,
-                r.wal_syncs as f64 / t,
-                r.bytes as f64 / t,
+                p[0],
+                p[1],
+                p[2],
+                p[3],
+                p[4],
+                p[5],
                 r.tasks,
                 r.seconds,
                 r.wire.startups,
