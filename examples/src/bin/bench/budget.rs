@@ -290,8 +290,6 @@ struct BudgetRow {
     harness_statements: i64,
 }
 
-/// The budget scenario's results.
-#[derive(Debug)]
 impl BudgetRow {
     /// Per task: round trips, of which pings, statements, commits, WAL flushes, bytes.
     fn per_task(&self) -> [f64; 6] {
@@ -307,6 +305,8 @@ impl BudgetRow {
     }
 }
 
+/// The budget scenario's results.
+#[derive(Debug)]
 pub(crate) struct BudgetReport {
     rows: Vec<BudgetRow>,
 }
