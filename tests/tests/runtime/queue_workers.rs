@@ -3,7 +3,7 @@
 //! after startup, the registry's own rules, and starting runs by alias.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgflow_runtime::client::start_deployed;
 use pgflow_runtime::{
@@ -12,6 +12,7 @@ use pgflow_runtime::{
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{self, LIMIT};
@@ -176,6 +177,8 @@ async fn two_flows_share_a_named_queue_and_one_queue_worker_claims_and_runs_the_
 struct Gauge {
     now: AtomicUsize,
     max: AtomicUsize,
+    /// Opens once two holders have overlapped.
+    overlapped: Semaphore,
 }
 
 impl Gauge {
@@ -183,13 +186,21 @@ impl Gauge {
         Gauge {
             now: AtomicUsize::new(0),
             max: AtomicUsize::new(0),
+            overlapped: Semaphore::const_new(0),
         }
     }
 
     fn enter(&'static self) -> GaugeGuard {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max.fetch_max(now, Ordering::SeqCst);
+        if self.max.fetch_max(now, Ordering::SeqCst) < 2 && now >= 2 {
+            self.overlapped.add_permits(Semaphore::MAX_PERMITS);
+        }
         GaugeGuard(self)
+    }
+
+    /// Waits (at most `limit`) until two holders have overlapped once.
+    async fn overlap(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.overlapped.acquire()).await;
     }
 
     fn max(&self) -> usize {
@@ -225,10 +236,7 @@ mod pipeline_v1 {
     #[step(depends_on = [classify])]
     async fn deliver(classify: u32) -> Result<u32, StepError> {
         let _in_flight = DELIVERING.enter();
-        let give_up = Instant::now() + Duration::from_secs(5);
-        while DELIVERING.max() < 2 && Instant::now() < give_up {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        DELIVERING.overlap(Duration::from_secs(5)).await;
         Ok(classify + 1)
     }
 }

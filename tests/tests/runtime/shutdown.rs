@@ -1,32 +1,30 @@
 //! Shutdown, deprecation, the worker-function fence, and a worker killed mid-task.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pgflow_runtime::{flow, Client, StepContext, StepError, StopReason, Worker, WorkerError};
 use pgflow_tests::crash_flow::CrashFlow;
 use sqlx::Connection;
+use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 use crate::support::{self, LIMIT};
 
-static BLOCK: AtomicBool = AtomicBool::new(true);
+/// Closed until the test opens it: a blocked handler waits on it (or on its cancellation).
+static GATE: Semaphore = Semaphore::const_new(0);
 
 #[flow(slug = "sleepyFlow", input = u64)]
 mod sleepy {
     use super::*;
 
-    /// Sleeps `ms` milliseconds; `u64::MAX` blocks while `BLOCK` is set (until cancelled).
+    /// Sleeps `ms` milliseconds; `u64::MAX` blocks until `GATE` opens (or the handler is cancelled).
     #[step]
     async fn nap(ms: u64, ctx: &StepContext<Sleepy>) -> Result<u64, StepError> {
         if ms == u64::MAX {
-            while BLOCK.load(Ordering::SeqCst) {
-                tokio::select! {
-                    _ = ctx.cancellation().cancelled() => return Err(StepError::msg("cancelled")),
-                    _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                }
-            }
-            return Ok(0);
+            return tokio::select! {
+                _ = ctx.cancellation().cancelled() => Err(StepError::msg("cancelled")),
+                _ = GATE.acquire() => Ok(0),
+            };
         }
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(ms)
@@ -98,7 +96,7 @@ async fn tasks_that_outlast_the_grace_are_handed_back_at_once_without_using_an_a
         .unwrap();
     assert!(visible, "the handed-back message is visible at once");
 
-    BLOCK.store(false, Ordering::SeqCst);
+    GATE.add_permits(Semaphore::MAX_PERMITS);
     let second = support::spawn::<sleepy::Sleepy>(pool).await;
     // Far below the stall timeout (60 s + 30 s): no recovery was needed.
     assert_eq!(run.wait(Duration::from_secs(10)).await.unwrap().nap, 0);
