@@ -11,8 +11,11 @@
 //!   `batch_size` (or the free slots, when more are free). With fast handlers a worker of one slot then
 //!   records and claims several tasks per round trip; with slow ones it claims only what it can start.
 //!   Tasks claimed ahead wait locally, each holding an unrecorded-result permit, and start as slots free.
-//!   Up to `completion_flushers` exchanges are in flight at once; results that finish meanwhile gather
-//!   into the next one.
+//!   One exchange is in flight at a time, and results that finish meanwhile gather into the next one;
+//!   only when a claim's worth (`batch_size`) of outputs is waiting does another start beside it, up to
+//!   `completion_flushers`. Before an exchange records the outputs already in, it waits a moment for
+//!   fast handlers still running (twice their average run time, at most 1 ms), so that siblings started
+//!   together share one exchange.
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
 //!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
@@ -59,6 +62,10 @@ const ACTIVE_FOR: Duration = Duration::from_secs(1);
 
 /// How many unused connections the driver keeps (a pool may be shared by several workers).
 const MAX_SPARE: usize = 1;
+
+/// Longest wait for the results of handlers still running before an exchange records the ones already in
+/// (see `gather_for`).
+const GATHER_MAX: Duration = Duration::from_millis(1);
 
 /// What stopped the driver with an error to report.
 pub(crate) struct Fatal(pub(crate) Unsupported);
@@ -131,6 +138,18 @@ impl RunTime {
         self.0 = Some(self.0.map_or(s, |avg| 0.8 * avg + 0.2 * s));
     }
 
+    /// How long an exchange waits for the results of handlers still running: twice the average run time,
+    /// when that is under [`GATHER_MAX`] (siblings started together, such as the two branches of a diamond,
+    /// then share one exchange instead of taking one each); nothing for slower handlers.
+    fn gather_for(&self) -> Duration {
+        match self.0 {
+            Some(avg) if avg * 2.0 <= GATHER_MAX.as_secs_f64() => {
+                Duration::from_secs_f64(avg * 2.0)
+            }
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Tasks one slot gets through in `window`, by the average (0 before the first sample).
     fn per_slot(&self, window: Duration) -> usize {
         match self.0 {
@@ -163,6 +182,7 @@ impl Driver {
         let mut last_found = Instant::now();
         let mut errors = Backoff::database(config.poll_error_backoff_max);
         let mut hold_until: Option<Instant> = None;
+        let mut gather_until: Option<Instant> = None;
         let mut stopping: Option<Stopping> = None;
         let mut fatal: Option<Fatal> = None;
 
@@ -212,7 +232,21 @@ impl Driver {
                 hold_until = None;
             }
             let held = hold_until.is_some();
-            if inflight.len() < config.completion_flushers && !held {
+            // Outputs wait a moment for fast handlers still running (at most `gather_for`).
+            let running = slots.available_permits() < config.max_concurrent;
+            if outputs.is_empty() || !running || stopping.is_some() {
+                gather_until = None;
+            } else if gather_until.is_none() {
+                gather_until = Some(now + run_time.gather_for());
+            }
+            let gathering = gather_until.is_some_and(|t| now < t);
+            // One exchange at a time, unless outputs pile up: a further exchange in flight carries at least
+            // a claim's worth of them. Under a trickle of work, exchanges side by side would each carry a few
+            // tasks and contend for the same runs' rows; one at a time gathers what finishes meanwhile.
+            let room = inflight.is_empty()
+                || (inflight.len() < config.completion_flushers
+                    && outputs.len() >= config.batch_size);
+            if room && !held && !gathering {
                 let qty = if stopping.is_none() {
                     let ahead = if config.prefetch.is_zero() {
                         0
@@ -248,6 +282,7 @@ impl Driver {
                         })
                         .collect();
                     claiming += permits.len();
+                    gather_until = None;
                     let conn = spare.pop().map(|(c, _)| c);
                     inflight.push(exchange(
                         self.pool.clone(),
@@ -267,6 +302,7 @@ impl Driver {
             let timer = [
                 poll_at.filter(|_| !want_claim),
                 hold_until,
+                gather_until.filter(|t| now < *t),
                 spare.first().map(|(_, since)| *since + SPARE_FOR),
                 stopping.as_ref().map(|s| {
                     if s.handlers_cancelled {
