@@ -13,27 +13,19 @@
 -- calls (a function's SET clause lasts for its whole call, nested calls included). A statement with no usable
 -- index still runs as before: the setting only steers the planner where an index exists. Behaviour is
 -- unchanged.
-alter function pgflow.exchange(text, uuid, text[], text[], integer, integer, uuid[], text[], integer[], jsonb[], integer[])
-  set enable_seqscan = off;
-alter function pgflow.read_and_claim_tasks(text, integer, integer, uuid, text[], text[])
-  set enable_seqscan = off;
-alter function pgflow.claim_tasks(text, bigint[], uuid, text[], text[])
-  set enable_seqscan = off;
-alter function pgflow.start_tasks(text, bigint[], uuid)
-  set enable_seqscan = off;
-alter function pgflow.start_tasks(text, bigint[], uuid, text)
-  set enable_seqscan = off;
-alter function pgflow.complete_task(uuid, text, integer, jsonb)
-  set enable_seqscan = off;
-alter function pgflow.complete_task(uuid, text, integer, jsonb, integer, uuid)
-  set enable_seqscan = off;
-alter function pgflow.complete_tasks(uuid[], text[], integer[], jsonb[], integer[], uuid)
-  set enable_seqscan = off;
-alter function pgflow.fail_task(uuid, text, integer, text)
-  set enable_seqscan = off;
-alter function pgflow.fail_task(uuid, text, integer, text, integer, uuid, integer, boolean)
-  set enable_seqscan = off;
-alter function pgflow.start_flow(text, jsonb, uuid)
-  set enable_seqscan = off;
-alter function pgflow.start_flow_with_states(text, jsonb, uuid)
-  set enable_seqscan = off;
+do $$
+declare
+  v_function text;
+begin
+  -- The functions migration 0019 pinned to generic plans.
+  for v_function in
+    select format('pgflow.%I(%s)', p.proname, pg_get_function_identity_arguments(p.oid))
+    from pg_proc p
+    where p.pronamespace = 'pgflow'::regnamespace
+      and 'plan_cache_mode=force_generic_plan' = any (p.proconfig)
+    order by p.oid
+  loop
+    execute format('alter function %s set enable_seqscan = off', v_function);
+  end loop;
+end;
+$$;

@@ -162,3 +162,113 @@ async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
     assert_eq!(before, after, "sequential scans during claim/complete");
     assert_eq!(run_status(pool, run).await, "completed");
 }
+
+/// A row of `pgflow.exchange`: outcome, run, step, task index, attempt.
+type ExchangeRow = (
+    String,
+    Option<uuid::Uuid>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+);
+
+/// One `pgflow.exchange` on `conn`: records `done` (run, step, index, attempt, output) and claims up to `qty`;
+/// returns the claimed tasks as (run, step, index, attempt).
+async fn exchange_on(
+    conn: &mut sqlx::PgConnection,
+    worker: uuid::Uuid,
+    done: &[(uuid::Uuid, String, i32, i32)],
+    qty: i32,
+) -> Vec<(uuid::Uuid, String, i32, i32)> {
+    let runs: Vec<uuid::Uuid> = done.iter().map(|d| d.0).collect();
+    let steps: Vec<&str> = done.iter().map(|d| d.1.as_str()).collect();
+    let indexes: Vec<i32> = done.iter().map(|d| d.2).collect();
+    let attempts: Vec<i32> = done.iter().map(|d| d.3).collect();
+    let outputs: Vec<Value> = done.iter().map(|_| json!(1)).collect();
+    let rows: Vec<ExchangeRow> = sqlx::query_as(
+        "select outcome, run_id, step_slug, task_index, attempts_count from pgflow.exchange(
+           queue_name => 'dia', worker_id => $1,
+           flow_slugs => array['dia', 'dia', 'dia', 'dia'], step_slugs => array['a', 'b', 'c', 'd'],
+           qty => $2, vt => 30, run_ids => $3, done_step_slugs => $4, task_indexes => $5, outputs => $6,
+           attempts => $7)",
+    )
+    .bind(worker)
+    .bind(qty)
+    .bind(&runs)
+    .bind(&steps)
+    .bind(&indexes)
+    .bind(&outputs)
+    .bind(&attempts)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let applied = rows.iter().filter(|r| r.0 == "applied").count();
+    assert_eq!(applied, done.len(), "every output recorded: {rows:?}");
+    rows.into_iter()
+        .filter(|r| r.0 == "claimed")
+        .map(|r| (r.1.unwrap(), r.2.unwrap(), r.3.unwrap(), r.4.unwrap()))
+        .collect()
+}
+
+/// Small tables too. A generic plan costs `run_id = any($1)` as ten keys, and on a table of a few hundred rows
+/// one pass over the table looks cheaper than ten index probes; the hot-path functions turn sequential scans
+/// off (migration 0020), so a diamond run driven through `start_flow` and `pgflow.exchange` on a small
+/// installation reads runs, step states and tasks by index only.
+#[tokio::test]
+async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
+    use crate::step_support::{compile, register, shape, step};
+
+    let db = test_db().await;
+    let pool = db.pool();
+    compile(
+        pool,
+        "dia",
+        &shape(vec![
+            step("a", &[]),
+            step("b", &["a"]),
+            step("c", &["a"]),
+            step("d", &["b", "c"]),
+        ]),
+        "flow",
+    )
+    .await;
+    let worker = uuid::Uuid::new_v4();
+    register(pool, worker, "dia", "dia", "dia", None).await;
+    exec(
+        pool,
+        "insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
+           select md5('r' || i)::uuid, 'dia', 'completed', '{}', 0, now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 300) i;
+         insert into pgflow.step_states (flow_slug, run_id, step_slug, status, initial_tasks, remaining_tasks, remaining_deps,
+                                         created_at, started_at, completed_at)
+           select 'dia', md5('r' || i)::uuid, s, 'completed', 1, 0, 0,
+                  now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 300) i, unnest(array['a', 'b', 'c', 'd']) s;
+         insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, status,
+                                        attempts_count, output, queued_at, started_at, completed_at)
+           select 'dia', md5('r' || i)::uuid, s, 0, -(i * 4 + o), 'dia', 'completed', 1, '1',
+                  now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 300) i, unnest(array['a', 'b', 'c', 'd']) with ordinality as x(s, o);
+         analyze pgflow.runs; analyze pgflow.step_states; analyze pgflow.step_tasks;",
+    )
+    .await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    flush_stats(&mut conn).await;
+    let before = seq_scans(pool).await;
+    let run: uuid::Uuid = sqlx::query_scalar("select (pgflow.start_flow('dia', '{}')).run_id")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let mut claimed = exchange_on(&mut conn, worker, &[], 4).await;
+    let mut hops = 0;
+    while !claimed.is_empty() {
+        hops += 1;
+        claimed = exchange_on(&mut conn, worker, &claimed, 4).await;
+    }
+    flush_stats(&mut conn).await;
+    let after = seq_scans(pool).await;
+    assert_eq!(hops, 3, "a, then b and c together, then d");
+    assert_eq!(run_status(pool, run).await, "completed");
+    assert_eq!(before, after, "sequential scans while a diamond ran");
+}
