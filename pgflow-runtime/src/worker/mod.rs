@@ -207,7 +207,8 @@ impl<K, C> WorkerBuilder<K, C> {
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per exchange (default 64).
         completion_batch_size: usize,
-        /// Exchanges (record outputs and claim, one round trip each) in flight at once (default 3).
+        /// Most exchanges (record outputs and claim, one round trip each) in flight at once (default 3);
+        /// beyond the first, only while `batch_size` outputs wait.
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,
