@@ -36,7 +36,7 @@ pub enum Compilation {
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
 /// | `completion_batch_size` | 64 | most outputs recorded in one exchange |
-/// | `completion_flushers` | 3 | most exchanges in flight at once (beyond one, only while `batch_size` outputs wait) |
+/// | `completion_flushers` | 3 | most exchanges in flight at once (beyond one, only with a backlog) |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
@@ -89,8 +89,9 @@ pub struct WorkerConfig {
     pub poll_error_backoff_max: Duration,
     /// Most outputs per `complete_tasks` call.
     pub completion_batch_size: usize,
-    /// Most exchanges in flight at once. Beyond the first, an exchange starts only while at least
-    /// `batch_size` outputs wait to be recorded.
+    /// Most exchanges in flight at once. Beyond the first, an exchange starts only with a backlog: at
+    /// least `batch_size` outputs waiting to be recorded, or a claim of `batch_size` tasks after the last
+    /// claim came back full.
     pub completion_flushers: usize,
     /// The worker function name; `None` uses the queue name.
     pub worker_name: Option<String>,

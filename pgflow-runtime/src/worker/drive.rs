@@ -12,8 +12,8 @@
 //!   records and claims several tasks per round trip; with slow ones it claims only what it can start.
 //!   Tasks claimed ahead wait locally, each holding an unrecorded-result permit, and start as slots free.
 //!   One exchange is in flight at a time, and results that finish meanwhile gather into the next one;
-//!   only when a claim's worth (`batch_size`) of outputs is waiting does another start beside it, up to
-//!   `completion_flushers`. Before an exchange records the outputs already in, it waits a moment for
+//!   only with a backlog (`batch_size` outputs waiting, or a full claim after the last claim came back
+//!   full) does another start beside it, up to `completion_flushers`. Before an exchange records the outputs already in, it waits a moment for
 //!   fast handlers still running (twice their average run time, at most 1 ms), so that siblings started
 //!   together share one exchange.
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
@@ -240,30 +240,32 @@ impl Driver {
                 gather_until = Some(now + run_time.gather_for());
             }
             let gathering = gather_until.is_some_and(|t| now < t);
-            // One exchange at a time, unless outputs pile up: a further exchange in flight carries at least
-            // a claim's worth of them. Under a trickle of work, exchanges side by side would each carry a few
-            // tasks and contend for the same runs' rows; one at a time gathers what finishes meanwhile.
-            let room = inflight.is_empty()
-                || (inflight.len() < config.completion_flushers
-                    && outputs.len() >= config.batch_size);
-            if room && !held && !gathering {
-                let qty = if stopping.is_none() {
-                    let ahead = if config.prefetch.is_zero() {
-                        0
-                    } else {
-                        run_time
-                            .per_slot(config.prefetch)
-                            .saturating_mul(config.max_concurrent)
-                    };
-                    let free = slots.available_permits();
-                    let capacity = free.saturating_add(ahead);
-                    capacity
-                        .saturating_sub(ready.len() + claiming)
-                        .min(config.batch_size.max(free))
-                        .min(rooms.available_permits())
-                } else {
+            let qty = if stopping.is_none() {
+                let ahead = if config.prefetch.is_zero() {
                     0
+                } else {
+                    run_time
+                        .per_slot(config.prefetch)
+                        .saturating_mul(config.max_concurrent)
                 };
+                let free = slots.available_permits();
+                let capacity = free.saturating_add(ahead);
+                capacity
+                    .saturating_sub(ready.len() + claiming)
+                    .min(config.batch_size.max(free))
+                    .min(rooms.available_permits())
+            } else {
+                0
+            };
+            // One exchange at a time, unless there is a backlog: a further exchange in flight carries a full
+            // batch, of outputs waiting or of a claim after the last claim came back full. Under a trickle of
+            // work, exchanges side by side would each carry a few tasks and contend for the same runs' rows;
+            // one at a time gathers what finishes meanwhile. A backlog keeps the server's cores busy.
+            let backlog =
+                outputs.len() >= config.batch_size || (want_claim && qty >= config.batch_size);
+            let room =
+                inflight.is_empty() || (inflight.len() < config.completion_flushers && backlog);
+            if room && !held && !gathering {
                 // With outputs to record the claim rides along (that is how dependents go straight to
                 // this worker); alone, it waits for a reason to look.
                 let qty = if want_claim || !outputs.is_empty() {

@@ -208,7 +208,8 @@ impl<K, C> WorkerBuilder<K, C> {
         /// Most outputs recorded per exchange (default 64).
         completion_batch_size: usize,
         /// Most exchanges (record outputs and claim, one round trip each) in flight at once (default 3);
-        /// beyond the first, only while `batch_size` outputs wait.
+        /// beyond the first, only with a backlog (`batch_size` outputs waiting, or a full claim after a
+        /// full one).
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,
