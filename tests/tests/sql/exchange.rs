@@ -11,8 +11,8 @@ use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{Connection, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-/// diamond: a -> (b, c) -> d.
-async fn setup(pool: &PgPool) -> Uuid {
+/// diamond: a -> (b, c) -> d, compiled as flow `dia` on queue `dia`; returns a worker registered for it.
+pub(crate) async fn setup(pool: &PgPool) -> Uuid {
     compile(
         pool,
         "dia",

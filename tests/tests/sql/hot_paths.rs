@@ -216,24 +216,9 @@ async fn exchange_on(
 /// installation reads runs, step states and tasks by index only.
 #[tokio::test]
 async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
-    use crate::step_support::{compile, register, shape, step};
-
     let db = test_db().await;
     let pool = db.pool();
-    compile(
-        pool,
-        "dia",
-        &shape(vec![
-            step("a", &[]),
-            step("b", &["a"]),
-            step("c", &["a"]),
-            step("d", &["b", "c"]),
-        ]),
-        "flow",
-    )
-    .await;
-    let worker = uuid::Uuid::new_v4();
-    register(pool, worker, "dia", "dia", "dia", None).await;
+    let worker = crate::exchange::setup(pool).await;
     exec(
         pool,
         "insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
