@@ -31,8 +31,8 @@ pub(crate) async fn setup(pool: &PgPool) -> Uuid {
 }
 
 /// One exchange: the completions (run, step, index, attempt, output) and a claim of `qty`.
-async fn exchange(
-    pool: &PgPool,
+pub(crate) async fn exchange<'c>(
+    executor: impl sqlx::PgExecutor<'c>,
     worker: Uuid,
     done: &[(Uuid, &str, i32, i32, serde_json::Value)],
     qty: i32,
@@ -55,7 +55,7 @@ async fn exchange(
     .bind(&indexes)
     .bind(&outputs)
     .bind(&attempts)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await
     .unwrap()
 }

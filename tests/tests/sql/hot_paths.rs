@@ -3,6 +3,7 @@
 use crate::support::*;
 use pgflow_tests::test_db;
 use serde_json::{json, Value};
+use sqlx::Row;
 
 /// Relations read by a sequential scan anywhere in an `EXPLAIN (FORMAT JSON)` plan.
 fn seq_scanned(plan: &Value, out: &mut Vec<String>) {
@@ -163,53 +164,6 @@ async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
     assert_eq!(run_status(pool, run).await, "completed");
 }
 
-/// A row of `pgflow.exchange`: outcome, run, step, task index, attempt.
-type ExchangeRow = (
-    String,
-    Option<uuid::Uuid>,
-    Option<String>,
-    Option<i32>,
-    Option<i32>,
-);
-
-/// One `pgflow.exchange` on `conn`: records `done` (run, step, index, attempt, output) and claims up to `qty`;
-/// returns the claimed tasks as (run, step, index, attempt).
-async fn exchange_on(
-    conn: &mut sqlx::PgConnection,
-    worker: uuid::Uuid,
-    done: &[(uuid::Uuid, String, i32, i32)],
-    qty: i32,
-) -> Vec<(uuid::Uuid, String, i32, i32)> {
-    let runs: Vec<uuid::Uuid> = done.iter().map(|d| d.0).collect();
-    let steps: Vec<&str> = done.iter().map(|d| d.1.as_str()).collect();
-    let indexes: Vec<i32> = done.iter().map(|d| d.2).collect();
-    let attempts: Vec<i32> = done.iter().map(|d| d.3).collect();
-    let outputs: Vec<Value> = done.iter().map(|_| json!(1)).collect();
-    let rows: Vec<ExchangeRow> = sqlx::query_as(
-        "select outcome, run_id, step_slug, task_index, attempts_count from pgflow.exchange(
-           queue_name => 'dia', worker_id => $1,
-           flow_slugs => array['dia', 'dia', 'dia', 'dia'], step_slugs => array['a', 'b', 'c', 'd'],
-           qty => $2, vt => 30, run_ids => $3, done_step_slugs => $4, task_indexes => $5, outputs => $6,
-           attempts => $7)",
-    )
-    .bind(worker)
-    .bind(qty)
-    .bind(&runs)
-    .bind(&steps)
-    .bind(&indexes)
-    .bind(&outputs)
-    .bind(&attempts)
-    .fetch_all(&mut *conn)
-    .await
-    .unwrap();
-    let applied = rows.iter().filter(|r| r.0 == "applied").count();
-    assert_eq!(applied, done.len(), "every output recorded: {rows:?}");
-    rows.into_iter()
-        .filter(|r| r.0 == "claimed")
-        .map(|r| (r.1.unwrap(), r.2.unwrap(), r.3.unwrap(), r.4.unwrap()))
-        .collect()
-}
-
 /// Small tables too. A generic plan costs `run_id = any($1)` as ten keys, and on a table of a few hundred rows
 /// one pass over the table looks cheaper than ten index probes; the hot-path functions turn sequential scans
 /// off (migration 0020), so a diamond run driven through `start_flow` and `pgflow.exchange` on a small
@@ -245,11 +199,35 @@ async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-    let mut claimed = exchange_on(&mut conn, worker, &[], 4).await;
+    let mut claimed: Vec<(uuid::Uuid, String, i32, i32)> = Vec::new();
     let mut hops = 0;
-    while !claimed.is_empty() {
+    loop {
+        let done: Vec<_> = claimed
+            .iter()
+            .map(|(run, step, index, attempt)| (*run, step.as_str(), *index, *attempt, json!(1)))
+            .collect();
+        let rows = crate::exchange::exchange(&mut *conn, worker, &done, 4).await;
+        let applied = rows
+            .iter()
+            .filter(|r| r.get::<String, _>("outcome") == "applied")
+            .count();
+        assert_eq!(applied, done.len(), "every output recorded");
+        claimed = rows
+            .iter()
+            .filter(|r| r.get::<String, _>("outcome") == "claimed")
+            .map(|r| {
+                (
+                    r.get("run_id"),
+                    r.get("step_slug"),
+                    r.get("task_index"),
+                    r.get("attempts_count"),
+                )
+            })
+            .collect();
+        if claimed.is_empty() {
+            break;
+        }
         hops += 1;
-        claimed = exchange_on(&mut conn, worker, &claimed, 4).await;
     }
     flush_stats(&mut conn).await;
     let after = seq_scans(pool).await;
