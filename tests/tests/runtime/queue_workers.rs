@@ -2,7 +2,6 @@
 //! one queue per step with its own concurrency, the startup coverage refusal, an unsupported pair arriving
 //! after startup, the registry's own rules, and starting runs by alias.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgflow_runtime::client::start_deployed;
@@ -12,7 +11,6 @@ use pgflow_runtime::{
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::support::{self, LIMIT};
@@ -173,61 +171,19 @@ async fn two_flows_share_a_named_queue_and_one_queue_worker_claims_and_runs_the_
     assert_eq!(report.deployments.len(), 2);
 }
 
-/// In-flight handler counts of one step, and the most seen at once.
-struct Gauge {
-    now: AtomicUsize,
-    max: AtomicUsize,
-    /// Opens once two holders have overlapped.
-    overlapped: Semaphore,
-}
-
-impl Gauge {
-    const fn new() -> Self {
-        Gauge {
-            now: AtomicUsize::new(0),
-            max: AtomicUsize::new(0),
-            overlapped: Semaphore::const_new(0),
-        }
-    }
-
-    fn enter(&'static self) -> GaugeGuard {
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        if self.max.fetch_max(now, Ordering::SeqCst) < 2 && now >= 2 {
-            self.overlapped.add_permits(Semaphore::MAX_PERMITS);
-        }
-        GaugeGuard(self)
-    }
-
-    /// Waits (at most `limit`) until two holders have overlapped once.
-    async fn overlap(&self, limit: Duration) {
-        let _ = tokio::time::timeout(limit, self.overlapped.acquire()).await;
-    }
-
-    fn max(&self) -> usize {
-        self.max.load(Ordering::SeqCst)
-    }
-}
-
-struct GaugeGuard(&'static Gauge);
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-static CLASSIFYING: Gauge = Gauge::new();
-static DELIVERING: Gauge = Gauge::new();
+static CLASSIFYING: support::Gauge = support::Gauge::new();
+static DELIVERING: support::Gauge = support::Gauge::new();
 
 #[flow(slug = "pipelineV1", input = u32)]
 mod pipeline_v1 {
     use super::*;
 
-    /// Slow enough that a second handler would overlap it if the queue's concurrency allowed one.
+    /// Gives a second classify 40 ms to start beside it (the queue worker's concurrency of one must not
+    /// let it), and returns as soon as one does.
     #[step]
     async fn classify(n: u32) -> Result<u32, StepError> {
         let _in_flight = CLASSIFYING.enter();
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        CLASSIFYING.overlap(Duration::from_millis(40)).await;
         Ok(n)
     }
 

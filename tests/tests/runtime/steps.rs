@@ -27,7 +27,12 @@ mod community {
 
     #[step]
     async fn classify(thread: Thread) -> Result<Label, StepError> {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if thread.text.starts_with(SPREAD_MARK) {
+            // Wait (bounded) until two classify handlers run at once: with workers of one slot each,
+            // that is two workers sharing the queue.
+            let _in_flight = SPREADING.enter();
+            SPREADING.overlap(Duration::from_secs(5)).await;
+        }
         let route = if thread.text.contains('?') {
             "help"
         } else {
@@ -45,6 +50,11 @@ mod community {
 }
 
 use community::{Community, Step};
+
+/// Threads whose text starts with this belong to the test of several classify workers.
+const SPREAD_MARK: &str = "spread: ";
+/// Classify handlers of that test running at once.
+static SPREADING: support::Gauge = support::Gauge::new();
 
 async fn step_worker(pool: &sqlx::PgPool, step: Step) -> support::Running {
     support::spawn_with(support::fast(
@@ -125,12 +135,8 @@ async fn several_instances_of_one_step_worker_share_its_queue() {
     let mut runs = Vec::new();
     for i in 0..12 {
         let text = if i % 2 == 0 { "q?" } else { "hi" };
-        runs.push(
-            client
-                .start::<Community>(&Thread { text: text.into() })
-                .await
-                .unwrap(),
-        );
+        let text = format!("{SPREAD_MARK}{text}");
+        runs.push(client.start::<Community>(&Thread { text }).await.unwrap());
     }
     for run in &runs {
         run.wait(LIMIT).await.unwrap();

@@ -3,6 +3,7 @@
 //! Reading run, step and task rows is shared with the SQL tests ([`pgflow_tests::state`]) and
 //! re-exported here.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgflow_runtime::{
@@ -13,6 +14,7 @@ pub(crate) use pgflow_tests::state::{
 };
 pub(crate) use pgflow_tests::LIMIT;
 use sqlx::PgPool;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Settings that keep tests fast.
@@ -134,4 +136,50 @@ pub(crate) async fn alias_target(pool: &PgPool, alias: &str) -> Option<String> {
         .fetch_optional(pool)
         .await
         .unwrap()
+}
+
+/// In-flight handler counts of one step, and the most seen at once.
+pub(crate) struct Gauge {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    /// Opens once two holders have overlapped.
+    overlapped: Semaphore,
+}
+
+impl Gauge {
+    pub(crate) const fn new() -> Self {
+        Gauge {
+            now: AtomicUsize::new(0),
+            max: AtomicUsize::new(0),
+            overlapped: Semaphore::const_new(0),
+        }
+    }
+
+    /// Counts one more holder until the guard drops.
+    pub(crate) fn enter(&'static self) -> GaugeGuard {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.max.fetch_max(now, Ordering::SeqCst) < 2 && now >= 2 {
+            self.overlapped.add_permits(Semaphore::MAX_PERMITS);
+        }
+        GaugeGuard(self)
+    }
+
+    /// Waits (at most `limit`) until two holders have overlapped once.
+    pub(crate) async fn overlap(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.overlapped.acquire()).await;
+    }
+
+    /// The most holders seen at once.
+    pub(crate) fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+}
+
+/// One holder of a [`Gauge`], counted until dropped.
+pub(crate) struct GaugeGuard(&'static Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+    }
 }
