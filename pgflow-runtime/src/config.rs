@@ -87,7 +87,7 @@ pub struct WorkerConfig {
     pub cancel_grace: Duration,
     /// Cap of the exponential backoff after database errors.
     pub poll_error_backoff_max: Duration,
-    /// Most outputs per `complete_tasks` call.
+    /// Most outputs recorded by one exchange.
     pub completion_batch_size: usize,
     /// Most exchanges in flight at once. Beyond the first, an exchange starts only with a backlog: at
     /// least `batch_size` outputs waiting to be recorded, or a claim of `batch_size` tasks after the last

@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::record::{Outcome, TaskResult};
+use super::record::{OutputColumns, TaskResult};
 use crate::statements;
 
 /// One claimed task, ready to run.
@@ -205,24 +205,7 @@ impl Claimer {
         outputs: &[TaskResult],
         qty: usize,
     ) -> Result<Exchanged, ClaimError> {
-        let n = outputs.len();
-        let (mut run_ids, mut steps, mut indexes, mut values, mut attempts) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for item in outputs {
-            let Outcome::Output(value) = &item.outcome else {
-                unreachable!("only outputs are exchanged; failures go to fail_task")
-            };
-            run_ids.push(item.key.run_id);
-            steps.push(item.key.step_slug.as_str());
-            indexes.push(item.key.task_index);
-            values.push(value);
-            attempts.push(item.key.attempt);
-        }
+        let c = OutputColumns::of(outputs);
         let rows: Vec<ClaimRow> = sqlx::query_as(statements::EXCHANGE)
             .bind(&self.queue)
             .bind(self.worker_id)
@@ -230,11 +213,11 @@ impl Claimer {
             .bind(&self.step_slugs)
             .bind(i32::try_from(qty).unwrap_or(i32::MAX))
             .bind(self.read_visibility_secs)
-            .bind(&run_ids)
-            .bind(&steps)
-            .bind(&indexes)
-            .bind(&values)
-            .bind(&attempts)
+            .bind(&c.run_ids)
+            .bind(&c.step_slugs)
+            .bind(&c.task_indexes)
+            .bind(&c.outputs)
+            .bind(&c.attempts)
             .fetch_all(conn)
             .await?;
         Exchanged::from_rows(rows)

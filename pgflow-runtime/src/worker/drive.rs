@@ -541,4 +541,18 @@ mod tests {
         t.add(Duration::from_secs(10));
         assert_eq!(t.per_slot(Duration::from_millis(100)), 0);
     }
+
+    #[test]
+    fn exchanges_wait_for_fast_siblings_only() {
+        let mut t = RunTime::default();
+        assert_eq!(t.gather_for(), Duration::ZERO, "no handler seen yet");
+        t.add(Duration::from_micros(100));
+        assert_eq!(t.gather_for(), Duration::from_micros(200));
+        t.add(Duration::from_millis(50));
+        assert_eq!(
+            t.gather_for(),
+            Duration::ZERO,
+            "slow handlers: record at once"
+        );
+    }
 }

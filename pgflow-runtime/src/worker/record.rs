@@ -99,6 +99,41 @@ pub(crate) struct Recorder {
     pub(crate) pending: Pending,
 }
 
+/// A batch of outputs as the parallel arrays that `pgflow.complete_tasks` and `pgflow.exchange` take.
+pub(crate) struct OutputColumns<'a> {
+    pub(crate) run_ids: Vec<Uuid>,
+    pub(crate) step_slugs: Vec<&'a str>,
+    pub(crate) task_indexes: Vec<i32>,
+    pub(crate) outputs: Vec<&'a Value>,
+    pub(crate) attempts: Vec<i32>,
+}
+
+impl<'a> OutputColumns<'a> {
+    /// The columns of `items`, each of which must be an [`Outcome::Output`] (failures are recorded one by
+    /// one with `fail_task`).
+    pub(crate) fn of(items: &'a [TaskResult]) -> Self {
+        let n = items.len();
+        let mut columns = OutputColumns {
+            run_ids: Vec::with_capacity(n),
+            step_slugs: Vec::with_capacity(n),
+            task_indexes: Vec::with_capacity(n),
+            outputs: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+        };
+        for item in items {
+            let Outcome::Output(value) = &item.outcome else {
+                unreachable!("only outputs are recorded in batches; failures go to fail_task")
+            };
+            columns.run_ids.push(item.key.run_id);
+            columns.step_slugs.push(item.key.step_slug.as_str());
+            columns.task_indexes.push(item.key.task_index);
+            columns.outputs.push(value);
+            columns.attempts.push(item.key.attempt);
+        }
+        columns
+    }
+}
+
 impl Recorder {
     /// Records a batch of outputs. A batch the database refuses as a whole for a reason retrying cannot fix
     /// (an output it cannot store) is recorded item by item, so one bad output fails only its own task.
@@ -134,29 +169,16 @@ impl Recorder {
     }
 
     async fn complete_batch(&self, items: &[TaskResult]) -> Result<(), GaveUp<sqlx::Error>> {
-        let mut run_ids = Vec::with_capacity(items.len());
-        let mut steps = Vec::with_capacity(items.len());
-        let mut indexes = Vec::with_capacity(items.len());
-        let mut outputs = Vec::with_capacity(items.len());
-        let mut attempts = Vec::with_capacity(items.len());
-        for item in items {
-            run_ids.push(item.key.run_id);
-            steps.push(item.key.step_slug.as_str());
-            indexes.push(item.key.task_index);
-            if let Outcome::Output(v) = &item.outcome {
-                outputs.push(v);
-            }
-            attempts.push(item.key.attempt);
-        }
+        let c = OutputColumns::of(items);
         type Row = (Uuid, String, i32, String, String, i32);
         let rows: Vec<Row> = self
             .with_retries("recording outputs", || {
                 sqlx::query_as(statements::COMPLETE_TASKS)
-                    .bind(&run_ids)
-                    .bind(&steps)
-                    .bind(&indexes)
-                    .bind(&outputs)
-                    .bind(&attempts)
+                    .bind(&c.run_ids)
+                    .bind(&c.step_slugs)
+                    .bind(&c.task_indexes)
+                    .bind(&c.outputs)
+                    .bind(&c.attempts)
                     .bind(self.worker_id)
                     .fetch_all(&self.pool)
             })
