@@ -448,6 +448,32 @@ async fn start_threads<D: Deployment<Flow = F>, F: pgflow_runtime::Flow<Input = 
 // Database reads
 // ------------------------------------------------------------------------------------------------------
 
+/// Moves the alias from `from` to `to` with `pgflow.activate_alias` (the `what` of the rollout), checks what
+/// it reports, and starts one run by alias (thread `n`), which must be of `to`.
+async fn move_alias(
+    pool: &PgPool,
+    from: &str,
+    to: &str,
+    what: &str,
+    n: i64,
+) -> Result<Vec<Started>, BoxError> {
+    let moved = rollout::activate_alias(pool, ALIAS, to).await?;
+    expect(
+        moved["activated"] == true
+            && moved["flow_slug"] == to
+            && moved["previous_flow_slug"] == from,
+        || format!("the {what} moved the alias from {from} to {to}: {moved}"),
+    )?;
+    let started = start_threads::<CommunityThreadsV2, _>(pool, [n]).await?;
+    expect(started[0].flow_slug == to, || {
+        format!(
+            "a run started by alias after the {what} is {to}, got {}",
+            started[0].flow_slug
+        )
+    })?;
+    Ok(started)
+}
+
 async fn scalar_i64(pool: &PgPool, sql: &str) -> Result<i64, BoxError> {
     Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(pool).await?)
 }
@@ -1067,18 +1093,7 @@ async fn mistakes_and_rollback(
     );
 
     println!("   rollback: select pgflow.activate_alias('{ALIAS}', '{V1}')");
-    let back = rollout::activate_alias(pool, ALIAS, V1).await?;
-    expect(
-        back["activated"] == true && back["flow_slug"] == V1 && back["previous_flow_slug"] == V2,
-        || format!("the rollback moved the alias from V2 to V1: {back}"),
-    )?;
-    let rolled_back = start_threads::<CommunityThreadsV2, _>(pool, [502]).await?;
-    expect(rolled_back[0].flow_slug == V1, || {
-        format!(
-            "a run started by alias after the rollback is V1, got {}",
-            rolled_back[0].flow_slug
-        )
-    })?;
+    let rolled_back = move_alias(pool, V2, V1, "rollback", 502).await?;
     runs.extend(rolled_back.iter().cloned());
     // The rollback is only as good as the builds that serve V1: the current V2-only build cannot run it.
     let current = deliver_worker(pool.clone(), Versions::V2)
@@ -1136,20 +1151,7 @@ async fn mistakes_and_rollback(
     );
 
     println!("   roll forward: select pgflow.activate_alias('{ALIAS}', '{V2}')");
-    let forward = rollout::activate_alias(pool, ALIAS, V2).await?;
-    expect(
-        forward["activated"] == true
-            && forward["flow_slug"] == V2
-            && forward["previous_flow_slug"] == V1,
-        || format!("the roll forward moved the alias from V1 to V2: {forward}"),
-    )?;
-    let rolled_forward = start_threads::<CommunityThreadsV2, _>(pool, [503]).await?;
-    expect(rolled_forward[0].flow_slug == V2, || {
-        format!(
-            "a run started by alias after the roll forward is V2, got {}",
-            rolled_forward[0].flow_slug
-        )
-    })?;
+    let rolled_forward = move_alias(pool, V1, V2, "roll forward", 503).await?;
     runs.extend(rolled_forward);
     all_runs_finished(pool, "the run after the roll forward to finish").await?;
     println!("   the next run by alias is {V2}, and it completed on the rollback builds");

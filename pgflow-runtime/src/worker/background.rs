@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::drive::OwnBackends;
+use super::retry::Backoff;
 use super::StopReason;
 use crate::statements;
 
@@ -92,20 +93,19 @@ pub(crate) async fn listen(
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy_with(pool.connect_options().as_ref().clone());
-    let mut retry_in = Duration::from_millis(100);
+    let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let mut listener = match subscribe(&pool).await {
             Ok(listener) => listener,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot listen for queue signals; polling meanwhile");
-                if sleep_or_done(retry_in, &done).await {
+                if sleep_or_done(retry.next_delay(), &done).await {
                     return;
                 }
-                retry_in = (retry_in * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        retry_in = Duration::from_millis(100);
+        retry.reset();
         wake.notify_one();
         loop {
             let received = tokio::select! {

@@ -44,6 +44,22 @@ pub(crate) enum BenchError {
     Invalid(String),
 }
 
+/// The value of `flag`, parsed.
+fn one<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.trim().parse().map_err(|e| format!("{flag}: {e}"))
+}
+
+/// The comma-separated values of `flag`, parsed.
+fn list<T: std::str::FromStr>(flag: &str, value: &str) -> Result<Vec<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.split(',').map(|v| one(flag, v)).collect()
+}
+
 /// Command-line settings.
 #[derive(Debug, Clone)]
 struct Args {
@@ -101,71 +117,22 @@ impl Args {
         while let Some(flag) = it.next() {
             let mut value = || it.next().ok_or(format!("{flag} needs a value"));
             match flag.as_str() {
-                "--seconds" => {
-                    args.seconds = value()?.parse().map_err(|e| format!("--seconds: {e}"))?
-                }
-                "--tasks" => args.tasks = value()?.parse().map_err(|e| format!("--tasks: {e}"))?,
+                "--seconds" => args.seconds = one(&flag, &value()?)?,
+                "--tasks" => args.tasks = one(&flag, &value()?)?,
                 "--latency-load" => {
-                    args.latency_loads = value()?
-                        .split(',')
-                        .map(|v| v.trim().parse::<f64>())
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| format!("--latency-load: {e}"))?;
+                    args.latency_loads = list(&flag, &value()?)?;
                     if args.latency_loads.iter().any(|l| !(*l > 0.0 && *l <= 1.0)) {
                         return Err("--latency-load: fractions in (0, 1]".into());
                     }
                 }
-                "--latency-seconds" => {
-                    args.latency_seconds = value()?
-                        .parse()
-                        .map_err(|e| format!("--latency-seconds: {e}"))?;
-                }
-                "--k" => {
-                    args.ks = value()?
-                        .split(',')
-                        .map(|k| k.trim().parse::<usize>().map_err(|e| format!("--k: {e}")))
-                        .collect::<Result<_, _>>()?;
-                }
-                "--history-tasks" => {
-                    args.history_tasks = value()?
-                        .parse()
-                        .map_err(|e| format!("--history-tasks: {e}"))?;
-                }
-                "--history-drain-tasks" => {
-                    args.history_drain_tasks = value()?
-                        .parse()
-                        .map_err(|e| format!("--history-drain-tasks: {e}"))?;
-                }
-                "--history-repeat" => {
-                    args.history_repeat = value()?
-                        .parse()
-                        .map_err(|e| format!("--history-repeat: {e}"))?;
-                }
-                "--history-k" => {
-                    args.history_ks = value()?
-                        .split(',')
-                        .map(|k| {
-                            k.trim()
-                                .parse::<usize>()
-                                .map_err(|e| format!("--history-k: {e}"))
-                        })
-                        .collect::<Result<_, _>>()?;
-                }
-                "--budget-tasks" => {
-                    args.budget_tasks = value()?
-                        .parse()
-                        .map_err(|e| format!("--budget-tasks: {e}"))?;
-                }
-                "--budget-k" => {
-                    args.budget_ks = value()?
-                        .split(',')
-                        .map(|k| {
-                            k.trim()
-                                .parse::<usize>()
-                                .map_err(|e| format!("--budget-k: {e}"))
-                        })
-                        .collect::<Result<_, _>>()?;
-                }
+                "--latency-seconds" => args.latency_seconds = one(&flag, &value()?)?,
+                "--k" => args.ks = list(&flag, &value()?)?,
+                "--history-tasks" => args.history_tasks = one(&flag, &value()?)?,
+                "--history-drain-tasks" => args.history_drain_tasks = one(&flag, &value()?)?,
+                "--history-repeat" => args.history_repeat = one(&flag, &value()?)?,
+                "--history-k" => args.history_ks = list(&flag, &value()?)?,
+                "--budget-tasks" => args.budget_tasks = one(&flag, &value()?)?,
+                "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
