@@ -235,3 +235,57 @@ async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
     assert_eq!(run_status(pool, run).await, "completed");
     assert_eq!(before, after, "sequential scans while a diamond ran");
 }
+
+/// Updates of the `dia` queue's messages so far.
+async fn queue_updates(conn: &mut sqlx::PgConnection) -> i64 {
+    flush_stats(conn).await;
+    sqlx::query_scalar(
+        "select n_tup_upd from pg_stat_user_tables where schemaname = 'pgmq' and relname = 'q_dia'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// A claim writes each message once (migration 0021). The exchange's read locks the messages without
+/// touching them and the claim then sets visibility, `read_ct` and `last_read_at` in one update, where
+/// `pgmq.read` followed by the claim updated every claimed message twice.
+#[tokio::test]
+async fn an_exchange_claim_writes_each_message_once() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    for _ in 0..3 {
+        exec(pool, "select pgflow.start_flow('dia', '{}')").await;
+    }
+    let mut conn = pool.acquire().await.unwrap();
+    let before = queue_updates(&mut conn).await;
+    let rows = crate::exchange::exchange(&mut *conn, worker, &[], 10).await;
+    let after = queue_updates(&mut conn).await;
+    let claimed: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.get::<String, _>("outcome") == "claimed")
+        .map(|r| r.get("msg_id"))
+        .collect();
+    assert_eq!(claimed.len(), 3, "the three root tasks");
+    assert_eq!(after - before, 3, "one update per claimed message");
+
+    // What pgmq.read and the claim together left before: read once, hidden for the step timeout plus the
+    // claim buffer (not for the read's 30 s).
+    let timeout: i32 = rows
+        .iter()
+        .find(|r| r.get::<String, _>("outcome") == "claimed")
+        .map(|r| r.get("timeout"))
+        .unwrap();
+    let messages: Vec<(i32, bool)> = sqlx::query_as(
+        "select read_ct,
+                abs(extract(epoch from vt - last_read_at) - ($2 + pgflow._claim_visibility_buffer_seconds())) < 1
+           from pgmq.q_dia where msg_id = any ($1) order by msg_id",
+    )
+    .bind(&claimed)
+    .bind(timeout)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(messages, vec![(1, true); 3]);
+}
