@@ -257,10 +257,13 @@ impl BenchDb {
         .bind(run_ids)
         .fetch_one(&self.pool)
         .await?;
-        let (waiting, running): (Option<f64>, Option<f64>) = sqlx::query_as(
-            "select percentile_cont(0.5) within group (order by (extract(epoch from started_at - queued_at) * 1000)::float8), \
-             percentile_cont(0.5) within group (order by (extract(epoch from completed_at - started_at) * 1000)::float8) \
-             from pgflow.step_tasks where run_id = any ($1) and status = 'completed'",
+        type Percentiles = (Option<f64>, Option<f64>, Option<f64>, Option<f64>);
+        let (waiting, waiting_p99, running, running_p99): Percentiles = sqlx::query_as(
+            "select percentile_cont(0.5) within group (order by w), percentile_cont(0.99) within group (order by w), \
+             percentile_cont(0.5) within group (order by r), percentile_cont(0.99) within group (order by r) \
+             from (select (extract(epoch from started_at - queued_at) * 1000)::float8 as w, \
+                          (extract(epoch from completed_at - started_at) * 1000)::float8 as r \
+                   from pgflow.step_tasks where run_id = any ($1) and status = 'completed') x",
         )
         .bind(run_ids)
         .fetch_one(&self.pool)
@@ -271,7 +274,9 @@ impl BenchDb {
             p99: nan(p99),
             max: nan(max),
             task_wait_p50: nan(waiting),
+            task_wait_p99: nan(waiting_p99),
             task_claimed_p50: nan(running),
+            task_claimed_p99: nan(running_p99),
         })
     }
 }
@@ -283,8 +288,12 @@ pub(crate) struct RunLatency {
     pub(crate) max: f64,
     /// Median time a task waited on its queue (`queued_at` → `started_at`, its claim).
     pub(crate) task_wait_p50: f64,
+    /// 99th percentile of the same.
+    pub(crate) task_wait_p99: f64,
     /// Median time from a task's claim to its recorded output (`started_at` → `completed_at`).
     pub(crate) task_claimed_p50: f64,
+    /// 99th percentile of the same.
+    pub(crate) task_claimed_p99: f64,
 }
 
 /// The flows the benchmark runs.

@@ -704,13 +704,16 @@ async fn latency(
         unit: "ms p50",
         extra: format!(
             "{completed} runs at {:.0} runs/s offered; start to finish p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; \
-             per task (median): {:.1} ms queued before its claim, {:.1} ms from claim to recorded output",
+             per task (median, p99): {:.1} ms, {:.1} ms queued before its claim; {:.1} ms, {:.1} ms from claim to \
+             recorded output",
             completed as f64 / duration.as_secs_f64(),
             lat.p50,
             lat.p99,
             lat.max,
             lat.task_wait_p50,
+            lat.task_wait_p99,
             lat.task_claimed_p50,
+            lat.task_claimed_p99,
         ),
         wal: None,
     })
