@@ -7,8 +7,9 @@
 --     become PL/pgSQL, whose plans are cached per session; _advance_run calls the set-based functions
 --     directly instead of through the SQL wrappers start_ready_steps and maybe_complete_run; new tasks go
 --     out through pgmq.send_batch's PL/pgSQL form instead of its SQL overload.
---   * start_flow starts the root steps directly unless one of them needs the cascade (a condition, or an
---     empty root map), and reads the flow's steps once.
+--   * Whether a run's ready steps need the cascade (a condition, or no tasks) is decided in one place,
+--     _advance_runs, for completions and, now, for start_flow too: a new run's root steps start directly
+--     unless they need it. start_flow reads the flow's steps once.
 --   * The queue signal of 0017 is one statement, sent by the function that creates tasks instead of by a
 --     statement trigger with a transition table.
 --   * read_and_claim_tasks (and so pgflow.exchange) locks the oldest visible messages as pgmq.read does but
@@ -226,8 +227,7 @@ begin
 end;
 $$;
 
--- As in 0015. Root steps start at once; only a flow whose root steps include a condition or an empty root map
--- (a step without tasks), or a flow without steps, goes through the cascade of _advance_run.
+-- As in 0015, reading the flow's steps once and advancing the new run through _advance_runs.
 create or replace function pgflow.start_flow(flow_slug text, input jsonb, run_id uuid default null)
 returns setof pgflow.runs
 language plpgsql
@@ -243,13 +243,9 @@ declare
   v_root_len int;
   v_steps int;
   v_root_map boolean;
-  v_root_condition boolean;
 begin
-  select count(*)::int,
-         coalesce(bool_or(s.step_type = 'map' and s.deps_count = 0), false),
-         coalesce(bool_or(s.deps_count = 0 and (s.required_input_pattern is not null
-                                                or s.forbidden_input_pattern is not null)), false)
-  into v_steps, v_root_map, v_root_condition
+  select count(*)::int, coalesce(bool_or(s.step_type = 'map' and s.deps_count = 0), false)
+  into v_steps, v_root_map
   from pgflow.steps s
   where s.flow_slug = v_slug;
 
@@ -285,13 +281,276 @@ begin
     'started_at', v_run.started_at
   ));
 
-  if v_steps = 0 or v_root_condition or v_root_len = 0 then
-    perform pgflow._advance_run(v_run.run_id);
-  else
-    perform pgflow._start_ready_steps(array[v_run.run_id]);
-  end if;
+  perform pgflow._advance_runs(array[v_run.run_id]);
 
   return query select r.* from pgflow.runs r where r.run_id = v_run.run_id;
+end;
+$$;
+
+------------------------------------------------------------------------------------------------------------
+-- Advancing runs
+------------------------------------------------------------------------------------------------------------
+
+-- Advances the runs `p_run_ids` after their steps changed: the one place that decides how. Runs none of whose
+-- ready steps needs the cascade (a condition to evaluate, or no tasks) start those steps together, set-based;
+-- the others go through the full cascade of _advance_run (which completes its run when it can). The fast runs
+-- whose steps are all done complete.
+create function pgflow._advance_runs(p_run_ids uuid[])
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_fast uuid[];
+  v_done uuid[];
+  v_run uuid;
+begin
+  select coalesce(array_agg(x.run_id) filter (where not x.needs_cascade), '{}'),
+         array_agg(x.run_id) filter (where not x.needs_cascade and x.remaining_steps = 0)
+  into v_fast, v_done
+  from (
+    select r.run_id, r.remaining_steps, exists (
+      select 1
+      from pgflow.step_states ss
+      join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+      where ss.run_id = r.run_id and ss.status = 'created' and ss.remaining_deps = 0
+        and (ss.initial_tasks = 0 or s.required_input_pattern is not null
+             or s.forbidden_input_pattern is not null)) as needs_cascade
+    from pgflow.runs r
+    where r.run_id = any (p_run_ids)
+  ) x;
+  if cardinality(v_fast) > 0 then
+    perform pgflow._start_ready_steps(v_fast);
+  end if;
+  foreach v_run in array coalesce(p_run_ids, '{}') loop
+    if not v_run = any (v_fast) then
+      perform pgflow._advance_run(v_run);
+    end if;
+  end loop;
+  if v_done is not null then
+    perform pgflow._complete_runs(v_done);
+  end if;
+end;
+$$;
+
+-- As in 0016, advancing the runs through _advance_runs.
+create or replace function pgflow._complete_tasks(
+  p_run_ids uuid[],
+  p_step_slugs text[],
+  p_task_indexes int[],
+  p_outputs jsonb[],
+  p_attempts int[],
+  p_worker_id uuid
+)
+returns table (ord int, applied boolean, task pgflow.step_tasks)
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_normal int[];
+  v_exceptions int[];
+  v_applied int[] := '{}';
+  v_ord int;
+  v_queue text[];
+  v_msg bigint[];
+  v_done record;
+  v_done_runs uuid[];
+  v_done_steps text[];
+  v_done_flows text[];
+  v_done_children int[];
+  v_ready_runs uuid[];
+  v_finished_runs uuid[];
+  v_events boolean;
+begin
+  if coalesce(cardinality(p_run_ids), 0) = 0 then
+    return;
+  end if;
+
+  -- Lock order 2: the runs of the batch, in run-id order.
+  perform 1 from pgflow.runs r where r.run_id = any (p_run_ids) order by r.run_id for no key update;
+
+  -- Lock order 3: the tasks' messages, per queue.
+  for v_group in
+    select t.queue_name, array_agg(t.message_id order by t.message_id) as ids
+    from unnest(p_run_ids, p_step_slugs, p_task_indexes) as i(run_id, step_slug, task_index)
+    join pgflow.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+    where t.message_id is not null
+    group by t.queue_name
+    order by t.queue_name
+  loop
+    perform pgflow._lock_messages(v_group.queue_name, v_group.ids);
+  end loop;
+
+  -- Classify every item after the locks: current ones (the first current item of a task named twice) either
+  -- complete normally or take one of the two rare paths; the rest are stale.
+  select array_agg(c.ord order by c.ord) filter (where c.kind = 'normal'),
+         array_agg(c.ord order by c.ord) filter (where c.kind = 'exception')
+  into v_normal, v_exceptions
+  from (
+    select x.ord,
+           case
+             when not x.current then 'stale'
+             -- A task named twice: the first current item wins.
+             when x.ord <> min(x.ord) filter (where x.current) over (partition by x.run_id, x.step_slug, x.task_index)
+               then 'stale'
+             else x.kind
+           end as kind
+    from (
+      select i.ord, i.run_id, i.step_slug, i.task_index,
+             r.status is not distinct from 'started' and t.status is not distinct from 'started'
+               and (p_attempts[i.ord] is null or t.attempts_count is not distinct from p_attempts[i.ord])
+               and (p_worker_id is null or t.last_worker_id is not distinct from p_worker_id) as current,
+             case
+               when ss.status <> 'started' then 'exception'
+               when s.step_type = 'single' and (i.output is null or jsonb_typeof(i.output) <> 'array')
+                    and exists (
+                      select 1
+                      from pgflow.deps d
+                      join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
+                      join pgflow.step_states cst on cst.run_id = i.run_id and cst.step_slug = d.step_slug
+                      where d.flow_slug = t.flow_slug and d.dep_slug = i.step_slug
+                        and cs.step_type = 'map' and cst.initial_tasks is null) then 'exception'
+               else 'normal'
+             end as kind
+      from unnest(p_run_ids, p_step_slugs, p_task_indexes, p_outputs)
+             with ordinality as i(run_id, step_slug, task_index, output, ord)
+      left join pgflow.step_tasks t
+        on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+      left join pgflow.runs r on r.run_id = i.run_id
+      left join pgflow.step_states ss on ss.run_id = i.run_id and ss.step_slug = i.step_slug
+      left join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+    ) x
+  ) c;
+
+  if v_normal is not null then
+    -- Tasks, then their messages.
+    with done as (
+      update pgflow.step_tasks t
+      set status = 'completed', completed_at = now(), output = i.output
+      from unnest(p_run_ids, p_step_slugs, p_task_indexes, p_outputs)
+             with ordinality as i(run_id, step_slug, task_index, output, ord)
+      where i.ord = any (v_normal)
+        and t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+      returning t.queue_name, t.message_id
+    )
+    select array_agg(d.queue_name), array_agg(d.message_id) into v_queue, v_msg from done d;
+    perform pgmq.archive(g.queue_name, g.ids)
+    from (select q.queue_name, array_agg(q.msg) as ids
+          from unnest(v_queue, v_msg) as q(queue_name, msg)
+          where q.msg is not null
+          group by q.queue_name) g;
+    v_applied := v_normal;
+
+    -- Step counters; a step whose last task finished completes with its output (a map: the task outputs in
+    -- task order).
+    with counted as (
+      select i.run_id, i.step_slug, count(*)::int as n
+      from unnest(p_run_ids, p_step_slugs) with ordinality as i(run_id, step_slug, ord)
+      where i.ord = any (v_normal)
+      group by i.run_id, i.step_slug
+    ),
+    counted_down as (
+      update pgflow.step_states ss
+      set remaining_tasks = ss.remaining_tasks - c.n,
+          status = case when ss.remaining_tasks - c.n = 0 then 'completed' else ss.status end,
+          completed_at = case when ss.remaining_tasks - c.n = 0 then now() end,
+          output = case
+            when ss.remaining_tasks - c.n > 0 then null
+            when s.step_type = 'map' then (
+              select jsonb_agg(t.output order by t.task_index) from pgflow.step_tasks t
+              where t.run_id = ss.run_id and t.step_slug = ss.step_slug)
+            else (select t.output from pgflow.step_tasks t
+                  where t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.task_index = 0)
+          end
+      from counted c, pgflow.steps s
+      where ss.run_id = c.run_id and ss.step_slug = c.step_slug
+        and s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+      returning ss.run_id, ss.step_slug, ss.flow_slug, ss.status,
+                case when s.step_type = 'map' then ss.initial_tasks
+                     when jsonb_typeof(ss.output) = 'array' then jsonb_array_length(ss.output) end as child_tasks
+    )
+    select array_agg(x.run_id), array_agg(x.step_slug), array_agg(x.flow_slug), array_agg(x.child_tasks)
+    into v_done_runs, v_done_steps, v_done_flows, v_done_children
+    from counted_down x
+    where x.status = 'completed';
+  end if;
+
+  if v_done_runs is not null then
+    v_events := pgflow._step_events_enabled();
+    if v_events then
+      for v_done in
+        select ss.run_id, ss.step_slug, ss.output, ss.completed_at
+        from unnest(v_done_runs, v_done_steps) as d(run_id, step_slug)
+        join pgflow.step_states ss on ss.run_id = d.run_id and ss.step_slug = d.step_slug
+        order by ss.run_id, ss.step_slug
+      loop
+        perform pgflow._emit('step:' || v_done.step_slug || ':completed', v_done.run_id, jsonb_build_object(
+          'event_type', 'step:completed',
+          'run_id', v_done.run_id,
+          'step_slug', v_done.step_slug,
+          'status', 'completed',
+          'output', v_done.output,
+          'completed_at', v_done.completed_at
+        ));
+      end loop;
+    end if;
+
+    -- Dependents: one dependency fewer to wait for; a map dependent learns its task count.
+    with rel as (
+      select dn.run_id, d.step_slug as child, count(*)::int as n, max(dn.child_tasks) as child_tasks
+      from unnest(v_done_runs, v_done_steps, v_done_flows, v_done_children)
+             as dn(run_id, step_slug, flow_slug, child_tasks)
+      join pgflow.deps d on d.flow_slug = dn.flow_slug and d.dep_slug = dn.step_slug
+      group by dn.run_id, d.step_slug
+    ),
+    released as (
+      update pgflow.step_states c
+      set remaining_deps = c.remaining_deps - rel.n,
+          initial_tasks = case when cs.step_type = 'map' and c.initial_tasks is null then rel.child_tasks
+                               else c.initial_tasks end
+      from rel, pgflow.steps cs
+      where c.run_id = rel.run_id and c.step_slug = rel.child
+        and cs.flow_slug = c.flow_slug and cs.step_slug = c.step_slug
+      returning c.run_id, c.remaining_deps
+    )
+    select array_agg(distinct r.run_id) filter (where r.remaining_deps = 0) into v_ready_runs from released r;
+
+    with counted as (
+      select d.run_id, count(*)::int as n from unnest(v_done_runs) as d(run_id) group by d.run_id
+    ),
+    counted_down as (
+      update pgflow.runs r
+      set remaining_steps = r.remaining_steps - c.n
+      from counted c
+      where r.run_id = c.run_id
+      returning r.run_id, r.remaining_steps
+    )
+    select array_agg(c.run_id) filter (where c.remaining_steps = 0) into v_finished_runs from counted_down c;
+
+    -- Runs with newly ready steps start them; runs whose steps are all done complete.
+    if v_ready_runs is not null or v_finished_runs is not null then
+      perform pgflow._advance_runs(coalesce(v_ready_runs, '{}') || coalesce(v_finished_runs, '{}'));
+    end if;
+  end if;
+
+  -- The rare paths, one item at a time (the locks are held).
+  if v_exceptions is not null then
+    foreach v_ord in array v_exceptions loop
+      if pgflow._complete_task_exception(p_run_ids[v_ord], p_step_slugs[v_ord], p_task_indexes[v_ord],
+                                         p_outputs[v_ord]) then
+        v_applied := v_applied || v_ord;
+      end if;
+    end loop;
+  end if;
+
+  return query
+  select i.ord::int, i.ord = any (v_applied), t
+  from unnest(p_run_ids, p_step_slugs, p_task_indexes) with ordinality as i(run_id, step_slug, task_index, ord)
+  join pgflow.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+  order by i.ord;
 end;
 $$;
 
