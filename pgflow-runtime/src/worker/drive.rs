@@ -13,9 +13,9 @@
 //!   Tasks claimed ahead wait locally, each holding an unrecorded-result permit, and start as slots free.
 //!   One exchange is in flight at a time, and results that finish meanwhile gather into the next one;
 //!   only with a backlog (`batch_size` outputs waiting, or a full claim after the last claim came back
-//!   full) does another start beside it, up to `completion_flushers`. Before an exchange records the outputs already in, it waits a moment for
-//!   fast handlers still running (twice their average run time, at most 1 ms), so that siblings started
-//!   together share one exchange.
+//!   full) does another start beside it, up to `completion_flushers`. Before an exchange records the
+//!   outputs already in, it waits a moment for fast handlers still running (twice their average run
+//!   time, at most 1 ms), so that siblings started together share one exchange.
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
 //!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
