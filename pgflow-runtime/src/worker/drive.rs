@@ -177,6 +177,8 @@ impl Driver {
         let mut spare: Vec<(PoolConnection<Postgres>, Instant)> = Vec::new();
         let mut run_time = RunTime::default();
         let mut want_claim = true;
+        // Whether the last claim came back with every task it asked for (so more are likely waiting).
+        let mut last_claim_full = false;
         let mut poll_at: Option<Instant> = None;
         let mut idle = Backoff::new(config.poll_interval, config.max_poll_wait);
         let mut last_found = Instant::now();
@@ -260,9 +262,11 @@ impl Driver {
             // One exchange at a time, unless there is a backlog: a further exchange in flight carries a full
             // batch, of outputs waiting or of a claim after the last claim came back full. Under a trickle of
             // work, exchanges side by side would each carry a few tasks and contend for the same runs' rows;
-            // one at a time gathers what finishes meanwhile. A backlog keeps the server's cores busy.
-            let backlog =
-                outputs.len() >= config.batch_size || (want_claim && qty >= config.batch_size);
+            // one at a time gathers what finishes meanwhile. A backlog keeps the server's cores busy. A queue
+            // signal or the poll timer alone is no backlog: the claim it asks for waits for the exchange in
+            // flight (which may claim the same tasks anyway).
+            let backlog = outputs.len() >= config.batch_size
+                || (want_claim && last_claim_full && qty >= config.batch_size);
             let room =
                 inflight.is_empty() || (inflight.len() < config.completion_flushers && backlog);
             if room && !held && !gathering {
@@ -366,6 +370,7 @@ impl Driver {
                                             idle.reset();
                                         }
                                         want_claim = tasks.len() == asked;
+                                        last_claim_full = want_claim;
                                         poll_at = (!want_claim).then(|| now + jitter(idle.next_delay()));
                                     }
                                     let mut permits = cycle.rooms.into_iter();
