@@ -289,3 +289,75 @@ async fn an_exchange_claim_writes_each_message_once() {
     .unwrap();
     assert_eq!(messages, vec![(1, true); 3]);
 }
+
+/// A message the exchange reads but cannot claim yet (its task is queued, its run not running) is left as
+/// `pgmq.read` leaves it: read once and hidden for the read's visibility, beside a claimed one that is
+/// hidden for the step timeout plus the claim buffer. Both values come from the claim's one visibility
+/// update.
+#[tokio::test]
+async fn an_exchange_hides_a_message_it_cannot_claim_for_the_read_visibility() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    let claimable: uuid::Uuid =
+        sqlx::query_scalar("select (pgflow.start_flow('dia', '{}')).run_id")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let held: uuid::Uuid = sqlx::query_scalar("select (pgflow.start_flow('dia', '{}')).run_id")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // The second run is no longer running while its root task is still queued with a live message.
+    sqlx::query("update pgflow.runs set status = 'failed', failed_at = now() where run_id = $1")
+        .bind(held)
+        .execute(pool)
+        .await
+        .unwrap();
+    let rows = crate::exchange::exchange(pool, worker, &[], 10).await;
+    let outcome_of = |run: Option<uuid::Uuid>, outcome: &str| {
+        rows.iter()
+            .filter(|r| r.get::<String, _>("outcome") == outcome)
+            .filter(|r| run.is_none() || r.get::<Option<uuid::Uuid>, _>("run_id") == run)
+            .map(|r| r.get::<i64, _>("msg_id"))
+            .collect::<Vec<_>>()
+    };
+    let claimed = outcome_of(Some(claimable), "claimed");
+    let waiting = outcome_of(None, "waiting");
+    assert_eq!(claimed.len(), 1, "the running run's root task is claimed");
+    assert_eq!(waiting.len(), 1, "the other run's root message waits");
+    let timeout: i32 = rows
+        .iter()
+        .find(|r| r.get::<String, _>("outcome") == "claimed")
+        .map(|r| r.get("timeout"))
+        .unwrap();
+    // (read_ct, seconds hidden after the read) for the claimed and the waiting message.
+    let hidden: Vec<(i32, f64)> = sqlx::query_as(
+        "select read_ct, extract(epoch from vt - last_read_at)::float8
+           from pgmq.q_dia where msg_id = any ($1) order by array_position($1, msg_id)",
+    )
+    .bind(vec![claimed[0], waiting[0]])
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let buffer: f64 =
+        sqlx::query_scalar("select pgflow._claim_visibility_buffer_seconds()::float8")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(hidden[0].0, 1);
+    assert!(
+        (hidden[0].1 - (f64::from(timeout) + buffer)).abs() < 1.0,
+        "claimed: {hidden:?}"
+    );
+    assert_eq!(hidden[1].0, 1);
+    assert!((hidden[1].1 - 30.0).abs() < 1.0, "waiting: {hidden:?}");
+    let status: String = sqlx::query_scalar(
+        "select status from pgflow.step_tasks where run_id = $1 and step_slug = 'a'",
+    )
+    .bind(held)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(status, "queued", "a waiting task is not started");
+}
