@@ -361,3 +361,61 @@ async fn an_exchange_hides_a_message_it_cannot_claim_for_the_read_visibility() {
     .unwrap();
     assert_eq!(status, "queued", "a waiting task is not started");
 }
+
+/// The hot tables' pages: `(relpages as last analysed, pages now)` of `step_states`, `step_tasks`, `runs`.
+async fn analysed_and_current_pages(pool: &sqlx::PgPool) -> Vec<(i32, i64)> {
+    sqlx::query_as(
+        "select c.relpages, pg_relation_size(c.oid) / current_setting('block_size')::int
+           from pg_class c
+          where c.oid in ('pgflow.step_states'::regclass, 'pgflow.step_tasks'::regclass, 'pgflow.runs'::regclass)
+          order by c.relname",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Plans cached while the tables were small are rebuilt once they have grown: a heartbeat analyses every
+/// hot table that has more than doubled since its last analysis (which makes PostgreSQL replan the
+/// statements that read it), and leaves the others alone.
+#[tokio::test]
+async fn a_heartbeat_analyses_the_hot_tables_once_they_have_doubled() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    let heartbeat = |pool: sqlx::PgPool| async move {
+        let state: Option<Value> = sqlx::query_scalar("select pgflow.worker_heartbeat($1)")
+            .bind(worker)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(state.unwrap()["enabled"], json!(true));
+    };
+    heartbeat(pool.clone()).await;
+    exec(
+        pool,
+        "select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 3000)) x",
+    )
+    .await;
+    let grown = analysed_and_current_pages(pool).await;
+    assert!(
+        grown
+            .iter()
+            .all(|&(analysed, now)| now > 2 * i64::from(analysed.max(4))),
+        "each table has more than doubled: {grown:?}"
+    );
+
+    heartbeat(pool.clone()).await;
+    let analysed = analysed_and_current_pages(pool).await;
+    assert!(
+        analysed
+            .iter()
+            .all(|&(analysed, now)| i64::from(analysed) == now),
+        "each table analysed at its present size: {analysed:?}"
+    );
+    let again: i32 = sqlx::query_scalar("select pgflow._refresh_plan_statistics()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(again, 0, "nothing has doubled since");
+}
