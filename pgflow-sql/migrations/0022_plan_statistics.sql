@@ -7,8 +7,9 @@
 -- retention sweep emptied them) keeps those plans while the tables grow, and every claim and
 -- completion then reads all of step_states: on a development cluster, with a few thousand runs, the
 -- claim's classification of ten messages took 0.5 ms on a plan built for that size and 20 ms on one
--- built when the tables were empty. PostgreSQL rebuilds a cached plan when the table is analysed, and
--- autovacuum analyses a growing table only about once a minute.
+-- built when the tables were empty. PostgreSQL rebuilds a
+-- cached plan when the table is analysed, and autovacuum analyses a growing table only about once a
+-- minute.
 --
 -- Every worker heartbeat therefore analyses each of the hot tables that has more than doubled (and
 -- passed 64 kB) since its last analysis. Doubling bounds the work: a table that grows steadily is
