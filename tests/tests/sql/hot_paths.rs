@@ -247,6 +247,14 @@ async fn queue_updates(conn: &mut sqlx::PgConnection) -> i64 {
     .unwrap()
 }
 
+/// The step timeout an exchange returned with its first claimed task.
+fn claimed_timeout(rows: &[sqlx::postgres::PgRow]) -> i32 {
+    rows.iter()
+        .find(|r| r.get::<String, _>("outcome") == "claimed")
+        .map(|r| r.get("timeout"))
+        .expect("a claimed task")
+}
+
 /// A claim writes each message once (migration 0021). The exchange's read locks the messages without
 /// touching them and the claim then sets visibility, `read_ct` and `last_read_at` in one update, where
 /// `pgmq.read` followed by the claim updated every claimed message twice.
@@ -272,11 +280,7 @@ async fn an_exchange_claim_writes_each_message_once() {
 
     // What pgmq.read and the claim together left before: read once, hidden for the step timeout plus the
     // claim buffer (not for the read's 30 s).
-    let timeout: i32 = rows
-        .iter()
-        .find(|r| r.get::<String, _>("outcome") == "claimed")
-        .map(|r| r.get("timeout"))
-        .unwrap();
+    let timeout = claimed_timeout(&rows);
     let messages: Vec<(i32, bool)> = sqlx::query_as(
         "select read_ct,
                 abs(extract(epoch from vt - last_read_at) - ($2 + pgflow._claim_visibility_buffer_seconds())) < 1
@@ -326,11 +330,7 @@ async fn an_exchange_hides_a_message_it_cannot_claim_for_the_read_visibility() {
     let waiting = outcome_of(None, "waiting");
     assert_eq!(claimed.len(), 1, "the running run's root task is claimed");
     assert_eq!(waiting.len(), 1, "the other run's root message waits");
-    let timeout: i32 = rows
-        .iter()
-        .find(|r| r.get::<String, _>("outcome") == "claimed")
-        .map(|r| r.get("timeout"))
-        .unwrap();
+    let timeout = claimed_timeout(&rows);
     // (read_ct, seconds hidden after the read) for the claimed and the waiting message.
     let hidden: Vec<(i32, f64)> = sqlx::query_as(
         "select read_ct, extract(epoch from vt - last_read_at)::float8
