@@ -361,3 +361,48 @@ async fn an_exchange_hides_a_message_it_cannot_claim_for_the_read_visibility() {
     .unwrap();
     assert_eq!(status, "queued", "a waiting task is not started");
 }
+
+/// A new run writes each of its step states once: when no root step needs the cascade, start_flow inserts
+/// the root steps started instead of inserting them created and updating them (migration 0022). The run
+/// is started as before: each root step started with its task queued and its message sent.
+#[tokio::test]
+async fn starting_a_run_writes_each_step_state_once() {
+    let db = test_db().await;
+    let pool = db.pool();
+    crate::exchange::setup(pool).await;
+    let writes = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "select n_tup_ins, n_tup_upd from pg_stat_user_tables where relid = 'pgflow.step_states'::regclass",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    let mut conn = pool.acquire().await.unwrap();
+    flush_stats(&mut conn).await;
+    let before = writes().await;
+    sqlx::query("select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 10)) x")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    flush_stats(&mut conn).await;
+    let after = writes().await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (40, 0),
+        "ten diamond runs insert forty step states and update none"
+    );
+    let started: (i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from pgflow.step_states
+                  where step_slug = 'a' and status = 'started' and started_at = created_at
+                    and remaining_tasks = 1 and initial_tasks = 1),
+                (select count(*) from pgflow.step_states where step_slug <> 'a' and status = 'created'
+                    and started_at is null and remaining_tasks is null),
+                (select count(*) from pgflow.step_tasks where step_slug = 'a' and status = 'queued')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(started, (10, 30, 10));
+    assert_eq!(live_messages(pool, "dia").await, 10);
+}
