@@ -7,7 +7,60 @@
 -- tasks directly; the other runs go through _advance_runs as before. The result is the same rows with the
 -- same values (created_at and started_at are both the transaction's now(), as before), the same events in
 -- the same order (run:started, then step:started per root step in step order), and the same messages.
--- Task creation, sending and signalling move into _create_step_tasks, which both paths use.
+-- Which ready steps need the cascade is one rule, _needs_cascade, used by _advance_runs and start_flow;
+-- task creation, sending and signalling are one function, _create_step_tasks, used by both start paths.
+
+-- Whether a step that has become ready needs the cascade of _advance_run instead of a plain start: it has a
+-- condition to evaluate, or no tasks (an empty map). Inlined into the statements that use it.
+create function pgflow._needs_cascade(p_initial_tasks int, p_required_input_pattern jsonb,
+                                      p_forbidden_input_pattern jsonb)
+returns boolean
+language sql
+immutable
+parallel safe
+as $$
+  select p_initial_tasks = 0 or p_required_input_pattern is not null or p_forbidden_input_pattern is not null
+$$;
+
+-- As in 0021, with the rule in _needs_cascade.
+create or replace function pgflow._advance_runs(p_run_ids uuid[])
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_fast uuid[];
+  v_done uuid[];
+  v_run uuid;
+begin
+  select coalesce(array_agg(x.run_id) filter (where not x.needs_cascade), '{}'),
+         array_agg(x.run_id) filter (where not x.needs_cascade and x.remaining_steps = 0)
+  into v_fast, v_done
+  from (
+    select r.run_id, r.remaining_steps, exists (
+      select 1
+      from pgflow.step_states ss
+      join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+      where ss.run_id = r.run_id and ss.status = 'created' and ss.remaining_deps = 0
+        and pgflow._needs_cascade(ss.initial_tasks, s.required_input_pattern, s.forbidden_input_pattern)
+    ) as needs_cascade
+    from pgflow.runs r
+    where r.run_id = any (p_run_ids)
+  ) x;
+  if cardinality(v_fast) > 0 then
+    perform pgflow._start_ready_steps(v_fast);
+  end if;
+  foreach v_run in array coalesce(p_run_ids, '{}') loop
+    if not v_run = any (v_fast) then
+      perform pgflow._advance_run(v_run);
+    end if;
+  end loop;
+  if v_done is not null then
+    perform pgflow._complete_runs(v_done);
+  end if;
+end;
+$$;
 
 -- Creates the tasks of steps just started (`p_run_ids[i]`, `p_step_slugs[i]`), sends their messages with one
 -- send_batch per queue, and signals those queues. Single steps get one task; map steps one per element of
@@ -150,16 +203,12 @@ declare
   v_root_len int;
   v_steps int;
   v_root_map boolean;
-  v_root_condition boolean;
-  v_direct boolean;
   v_roots text[];
   v_root_tasks int[];
   v_i int;
 begin
-  select count(*)::int, coalesce(bool_or(s.step_type = 'map' and s.deps_count = 0), false),
-         coalesce(bool_or(s.deps_count = 0 and (s.required_input_pattern is not null
-                                                or s.forbidden_input_pattern is not null)), false)
-  into v_steps, v_root_map, v_root_condition
+  select count(*)::int, coalesce(bool_or(s.step_type = 'map' and s.deps_count = 0), false)
+  into v_steps, v_root_map
   from pgflow.steps s
   where s.flow_slug = v_slug;
 
@@ -172,29 +221,32 @@ begin
     end if;
     v_root_len := jsonb_array_length(input);
   end if;
-  -- The cascade is needed for a root condition or a root step without tasks (an empty root map), and for a
-  -- flow without steps (the run completes at once).
-  v_direct := v_steps > 0 and not v_root_condition and (not v_root_map or v_root_len > 0);
 
   insert into pgflow.runs (run_id, flow_slug, input, remaining_steps)
   values (coalesce(start_flow.run_id, gen_random_uuid()), v_slug, start_flow.input, v_steps)
   returning * into v_run;
 
+  -- Root steps are inserted started unless one of them needs the cascade; the roots inserted started come
+  -- back in step order.
   with inserted as (
     insert into pgflow.step_states (flow_slug, run_id, step_slug, remaining_deps, initial_tasks, status,
                                     started_at, remaining_tasks)
-    select s.flow_slug, v_run.run_id, s.step_slug, s.deps_count, x.initial_tasks,
-           case when x.root then 'started' else 'created' end,
-           case when x.root then now() end,
-           case when x.root then x.initial_tasks end
-    from pgflow.steps s
-    cross join lateral (
-      select case when s.step_type = 'single' then 1
-                  when s.deps_count = 0 then v_root_len
-             end as initial_tasks,
-             v_direct and s.deps_count = 0 as root
-    ) x
-    where s.flow_slug = v_slug
+    select y.flow_slug, v_run.run_id, y.step_slug, y.deps_count, y.initial_tasks,
+           case when y.start then 'started' else 'created' end,
+           case when y.start then now() end,
+           case when y.start then y.initial_tasks end
+    from (
+      select s.flow_slug, s.step_slug, s.deps_count, x.initial_tasks,
+             s.deps_count = 0 and not coalesce(bool_or(s.deps_count = 0 and pgflow._needs_cascade(
+               x.initial_tasks, s.required_input_pattern, s.forbidden_input_pattern)) over (), false) as start
+      from pgflow.steps s
+      cross join lateral (
+        select case when s.step_type = 'single' then 1
+                    when s.deps_count = 0 then v_root_len
+               end as initial_tasks
+      ) x
+      where s.flow_slug = v_slug
+    ) y
     returning step_states.step_slug, step_states.status, step_states.remaining_tasks
   )
   select array_agg(i.step_slug order by i.step_slug) filter (where i.status = 'started'),
@@ -212,7 +264,8 @@ begin
     'started_at', v_run.started_at
   ));
 
-  if not v_direct then
+  -- No root started here (a root needs the cascade, or the flow has no steps): _advance_runs decides.
+  if v_roots is null then
     perform pgflow._advance_runs(array[v_run.run_id]);
   else
     if pgflow._step_events_enabled() then
