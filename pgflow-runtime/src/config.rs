@@ -91,7 +91,8 @@ pub struct WorkerConfig {
     pub completion_batch_size: usize,
     /// Most exchanges in flight at once. Beyond the first, an exchange starts only with a backlog: at
     /// least `batch_size` outputs waiting to be recorded, or a claim of `batch_size` tasks after the last
-    /// claim came back full.
+    /// claim came back full. Such an exchange leaves out the outputs of runs that the exchanges in flight are
+    /// recording (they would wait for those exchanges' run-row locks); the next exchange takes them.
     pub completion_flushers: usize,
     /// The worker function name; `None` uses the queue name.
     pub worker_name: Option<String>,

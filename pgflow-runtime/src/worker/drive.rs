@@ -15,7 +15,10 @@
 //!   only with a backlog (`batch_size` outputs waiting, or a full claim after the last claim came back
 //!   full) does another start beside it, up to `completion_flushers`. Before an exchange records the
 //!   outputs already in, it waits a moment for fast handlers still running (twice their average run
-//!   time, at most 1 ms), so that siblings started together share one exchange.
+//!   time, at most 1 ms), so that siblings started together share one exchange. An exchange that starts
+//!   beside others leaves out the outputs of runs they are recording: recording an output locks its run's
+//!   row, so such an exchange would wait for theirs to commit, its claim with it; those outputs go in the
+//!   next exchange instead (see [`Recording`]).
 //! - **Idle.** After a claim finds fewer tasks than it asked for, the driver waits for a queue signal
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
 //!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
@@ -32,7 +35,7 @@
 //!   handlers get `shutdown_grace`, then are cancelled and get `cancel_grace`; outputs keep being
 //!   recorded until then.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,6 +49,7 @@ use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
 
 use super::claim::{ClaimError, ClaimOutcome, Claimed, Claimer, Exchanged, Unsupported};
 use super::execute::{self, Shared};
@@ -112,6 +116,68 @@ impl OwnBackends {
     }
 }
 
+/// The runs whose outputs the exchanges in flight are recording, with how many outputs each.
+///
+/// Recording an output takes its run's row lock (`_complete_tasks`, lock order 2) until the exchange commits.
+/// A second exchange in flight that records an output of the same run waits for that commit, and its claim
+/// waits with it; in a bulk drain two exchanges in flight overlap in this way often (the branches of one
+/// diamond finishing on either side of an exchange's start), which left a core idle. So an exchange takes
+/// only outputs of runs no exchange in flight is recording; the others wait for the next one, which is no
+/// later than the lock would have let them through.
+#[derive(Default)]
+struct Recording(HashMap<Uuid, usize>);
+
+impl Recording {
+    /// Whether no exchange in flight records an output of `run_id`.
+    fn free(&self, run_id: &Uuid) -> bool {
+        !self.0.contains_key(run_id)
+    }
+
+    /// How many of `outputs` an exchange started now could take.
+    fn takeable(&self, outputs: &[TaskResult]) -> usize {
+        if self.0.is_empty() {
+            outputs.len()
+        } else {
+            outputs.iter().filter(|o| self.free(&o.key.run_id)).count()
+        }
+    }
+
+    /// Takes up to `limit` outputs of free runs, oldest first, for an exchange starting now.
+    fn take(&mut self, outputs: &mut Vec<TaskResult>, limit: usize) -> Vec<TaskResult> {
+        let batch: Vec<TaskResult> = if self.0.is_empty() {
+            outputs.drain(..outputs.len().min(limit)).collect()
+        } else {
+            let mut batch = Vec::new();
+            let mut kept = Vec::with_capacity(outputs.len());
+            for output in outputs.drain(..) {
+                if batch.len() < limit && self.free(&output.key.run_id) {
+                    batch.push(output);
+                } else {
+                    kept.push(output);
+                }
+            }
+            *outputs = kept;
+            batch
+        };
+        for output in &batch {
+            *self.0.entry(output.key.run_id).or_default() += 1;
+        }
+        batch
+    }
+
+    /// An exchange carrying `outputs` has ended (whatever its result).
+    fn ended(&mut self, outputs: &[TaskResult]) {
+        for output in outputs {
+            if let Some(n) = self.0.get_mut(&output.key.run_id) {
+                *n -= 1;
+                if *n == 0 {
+                    self.0.remove(&output.key.run_id);
+                }
+            }
+        }
+    }
+}
+
 /// One finished exchange.
 struct Cycle {
     /// The connection, unless the call failed (then it is dropped, in case it is broken).
@@ -172,6 +238,7 @@ impl Driver {
         let mut side: JoinSet<()> = JoinSet::new();
         let mut ready: VecDeque<(Claimed, OwnedSemaphorePermit)> = VecDeque::new();
         let mut outputs: Vec<TaskResult> = Vec::new();
+        let mut recording = Recording::default();
         let mut inflight: FuturesUnordered<BoxFuture<'static, Cycle>> = FuturesUnordered::new();
         let mut claiming = 0usize;
         let mut spare: Vec<(PoolConnection<Postgres>, Instant)> = Vec::new();
@@ -265,21 +332,17 @@ impl Driver {
             // one at a time gathers what finishes meanwhile. A backlog keeps the server's cores busy. A queue
             // signal or the poll timer alone is no backlog: the claim it asks for waits for the exchange in
             // flight (which may claim the same tasks anyway).
-            let backlog = outputs.len() >= config.batch_size
+            let takeable = recording.takeable(&outputs);
+            let backlog = takeable >= config.batch_size
                 || (want_claim && last_claim_full && qty >= config.batch_size);
             let room =
                 inflight.is_empty() || (inflight.len() < config.completion_flushers && backlog);
             if room && !held && !gathering {
                 // With outputs to record the claim rides along (that is how dependents go straight to
                 // this worker); alone, it waits for a reason to look.
-                let qty = if want_claim || !outputs.is_empty() {
-                    qty
-                } else {
-                    0
-                };
-                if !outputs.is_empty() || qty > 0 {
-                    let take = outputs.len().min(config.completion_batch_size);
-                    let batch: Vec<TaskResult> = outputs.drain(..take).collect();
+                let qty = if want_claim || takeable > 0 { qty } else { 0 };
+                if takeable > 0 || qty > 0 {
+                    let batch = recording.take(&mut outputs, config.completion_batch_size);
                     let permits: Vec<OwnedSemaphorePermit> = (0..qty)
                         .map(|_| {
                             Arc::clone(&rooms)
@@ -335,6 +398,7 @@ impl Driver {
                 }
                 Some(cycle) = inflight.next(), if !inflight.is_empty() => {
                     claiming -= cycle.rooms.len();
+                    recording.ended(&cycle.outputs);
                     if let Some(conn) = cycle.conn {
                         if spare.len() < MAX_SPARE {
                             spare.push((conn, Instant::now()));
@@ -545,6 +609,62 @@ mod tests {
         assert_eq!(t.per_slot(Duration::from_millis(100)), 10);
         t.add(Duration::from_secs(10));
         assert_eq!(t.per_slot(Duration::from_millis(100)), 0);
+    }
+
+    fn output(run: u128, step: &str) -> TaskResult {
+        TaskResult {
+            key: super::super::record::TaskKey {
+                run_id: Uuid::from_u128(run),
+                flow_slug: "f".into(),
+                step_slug: step.into(),
+                task_index: 0,
+                msg_id: 1,
+                attempt: 1,
+            },
+            outcome: super::super::record::Outcome::Output(serde_json::Value::Null),
+            ran_for: Duration::ZERO,
+            first_error: None,
+            _permit: Arc::new(Semaphore::new(1))
+                .try_acquire_owned()
+                .expect("a free permit"),
+        }
+    }
+
+    fn runs(batch: &[TaskResult]) -> Vec<u128> {
+        batch.iter().map(|o| o.key.run_id.as_u128()).collect()
+    }
+
+    #[test]
+    fn an_exchange_beside_others_leaves_out_the_runs_they_record() {
+        let mut recording = Recording::default();
+        let mut outputs = vec![output(1, "b"), output(2, "b")];
+        let first = recording.take(&mut outputs, 64);
+        assert_eq!(runs(&first), [1, 2], "nothing in flight: everything goes");
+
+        // Run 1's other branch finishes while the first exchange is in flight; so do two other runs' tasks.
+        outputs = vec![output(1, "c"), output(3, "b"), output(4, "b")];
+        assert_eq!(recording.takeable(&outputs), 2);
+        let second = recording.take(&mut outputs, 1);
+        assert_eq!(runs(&second), [3], "oldest free run first, up to the limit");
+        assert_eq!(runs(&outputs), [1, 4], "the rest keep their order");
+        assert_eq!(
+            recording.takeable(&outputs),
+            1,
+            "run 1 is still being recorded"
+        );
+
+        recording.ended(&first);
+        assert_eq!(recording.takeable(&outputs), 2, "run 1 is free again");
+        assert!(recording.free(&Uuid::from_u128(1)));
+        assert!(!recording.free(&Uuid::from_u128(3)));
+        let third = recording.take(&mut outputs, 64);
+        assert_eq!(runs(&third), [1, 4]);
+        recording.ended(&second);
+        recording.ended(&third);
+        assert!(
+            recording.0.is_empty(),
+            "every run is released once its exchanges end"
+        );
     }
 
     #[test]
