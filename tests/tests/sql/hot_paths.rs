@@ -406,3 +406,77 @@ async fn starting_a_run_writes_each_step_state_once() {
     assert_eq!(started, (10, 30, 10));
     assert_eq!(live_messages(pool, "dia").await, 10);
 }
+
+/// A completion writes each dependent step state once: when the steps it makes ready take the plain start,
+/// the update that releases them also starts them (migration 0023), instead of a second update from
+/// _advance_runs. They start as before: started with their tasks queued and their messages sent, step:started
+/// in step order; a dependent still waiting for another dependency is only released.
+#[tokio::test]
+async fn completing_a_step_writes_each_dependent_step_state_once() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    exec(pool, "select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 10)) x").await;
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed = crate::exchange::exchange(&mut *conn, worker, &[], 10).await;
+    let done: Vec<(uuid::Uuid, &str, i32, i32, Value)> = claimed
+        .iter()
+        .map(|r| {
+            (
+                r.get("run_id"),
+                "a",
+                0,
+                r.get("attempts_count"),
+                json!({"n": 1}),
+            )
+        })
+        .collect();
+    assert_eq!(done.len(), 10);
+    let writes = || async {
+        sqlx::query_as::<_, (i64, i64)>(
+            "select n_tup_ins, n_tup_upd from pg_stat_user_tables where relid = 'pgflow.step_states'::regclass",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+    flush_stats(&mut conn).await;
+    let before = writes().await;
+    let rows = crate::exchange::exchange(&mut *conn, worker, &done, 0).await;
+    assert!(rows
+        .iter()
+        .all(|r| r.get::<String, _>("outcome") == "applied"));
+    flush_stats(&mut conn).await;
+    let after = writes().await;
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (0, 30),
+        "ten completions of `a` update `a` once and `b` and `c` once each (released and started together)"
+    );
+    let states: Vec<(String, String, i32, Option<i32>, bool)> = sqlx::query_as(
+        "select step_slug, status, remaining_deps, remaining_tasks, started_at is not distinct from
+                (select s.completed_at from pgflow.step_states s where s.run_id = ss.run_id and s.step_slug = 'a')
+         from pgflow.step_states ss where step_slug <> 'a'
+         group by 1, 2, 3, 4, 5 order by 1",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        [
+            ("b".into(), "started".into(), 0, Some(1), true),
+            ("c".into(), "started".into(), 0, Some(1), true),
+            ("d".into(), "created".into(), 2, None, false),
+        ],
+        "b and c start in the completing transaction; d waits for both"
+    );
+    let queued: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.step_tasks where step_slug in ('b', 'c') and status = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(queued, 20);
+    assert_eq!(live_messages(pool, "dia").await, 20);
+}
