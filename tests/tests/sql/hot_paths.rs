@@ -42,6 +42,16 @@ async fn flush_stats(conn: &mut sqlx::PgConnection) {
     sqlx::query("select 1").execute(&mut *conn).await.unwrap();
 }
 
+/// Rows inserted into and updated in `pgflow.step_states` so far (call `flush_stats` first).
+async fn step_state_writes(pool: &sqlx::PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "select n_tup_ins, n_tup_upd from pg_stat_user_tables where relid = 'pgflow.step_states'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn claim_and_complete_use_indexes_after_100k_finished_tasks() {
     let db = test_db().await;
@@ -370,23 +380,15 @@ async fn starting_a_run_writes_each_step_state_once() {
     let db = test_db().await;
     let pool = db.pool();
     crate::exchange::setup(pool).await;
-    let writes = || async {
-        sqlx::query_as::<_, (i64, i64)>(
-            "select n_tup_ins, n_tup_upd from pg_stat_user_tables where relid = 'pgflow.step_states'::regclass",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-    };
     let mut conn = pool.acquire().await.unwrap();
     flush_stats(&mut conn).await;
-    let before = writes().await;
+    let before = step_state_writes(pool).await;
     sqlx::query("select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 10)) x")
         .execute(&mut *conn)
         .await
         .unwrap();
     flush_stats(&mut conn).await;
-    let after = writes().await;
+    let after = step_state_writes(pool).await;
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
         (40, 0),
@@ -432,22 +434,14 @@ async fn completing_a_step_writes_each_dependent_step_state_once() {
         })
         .collect();
     assert_eq!(done.len(), 10);
-    let writes = || async {
-        sqlx::query_as::<_, (i64, i64)>(
-            "select n_tup_ins, n_tup_upd from pg_stat_user_tables where relid = 'pgflow.step_states'::regclass",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap()
-    };
     flush_stats(&mut conn).await;
-    let before = writes().await;
+    let before = step_state_writes(pool).await;
     let rows = crate::exchange::exchange(&mut *conn, worker, &done, 0).await;
     assert!(rows
         .iter()
         .all(|r| r.get::<String, _>("outcome") == "applied"));
     flush_stats(&mut conn).await;
-    let after = writes().await;
+    let after = step_state_writes(pool).await;
     assert_eq!(
         (after.0 - before.0, after.1 - before.1),
         (0, 30),
