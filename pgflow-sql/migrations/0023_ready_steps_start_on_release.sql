@@ -218,20 +218,23 @@ begin
       from next n
       group by n.run_id
     ),
-    released as (
-      update pgflow.step_states c
-      set remaining_deps = c.remaining_deps - n.n,
-          initial_tasks = n.initial_tasks,
-          status = case when p.plain and n.startable and n.initial_tasks > 0 then 'started' else c.status end,
-          started_at = case when p.plain and n.startable and n.initial_tasks > 0 then now()
-                            else c.started_at end,
-          remaining_tasks = case when p.plain and n.startable and n.initial_tasks > 0 then n.initial_tasks
-                                 else c.remaining_tasks end
+    -- Per step: whether it starts now (a created step with tasks, newly ready in a plain run).
+    decided as (
+      select n.run_id, n.child, n.n, n.initial_tasks, n.ready, p.plain,
+             p.plain and n.startable and n.initial_tasks > 0 as start
       from next n
       join plain p on p.run_id = n.run_id
-      where c.run_id = n.run_id and c.step_slug = n.child
-      returning c.run_id, c.step_slug, n.ready, p.plain, p.plain and n.startable and n.initial_tasks > 0 as start,
-                c.started_at, c.remaining_tasks
+    ),
+    released as (
+      update pgflow.step_states c
+      set remaining_deps = c.remaining_deps - d.n,
+          initial_tasks = d.initial_tasks,
+          status = case when d.start then 'started' else c.status end,
+          started_at = case when d.start then now() else c.started_at end,
+          remaining_tasks = case when d.start then d.initial_tasks else c.remaining_tasks end
+      from decided d
+      where c.run_id = d.run_id and c.step_slug = d.child
+      returning c.run_id, c.step_slug, d.ready, d.plain, d.start, c.started_at, c.remaining_tasks
     )
     select array_agg(r.run_id order by r.run_id, r.step_slug) filter (where r.start),
            array_agg(r.step_slug order by r.run_id, r.step_slug) filter (where r.start),

@@ -135,30 +135,21 @@ impl Recording {
 
     /// How many of `outputs` an exchange started now could take.
     fn takeable(&self, outputs: &[TaskResult]) -> usize {
-        if self.0.is_empty() {
-            outputs.len()
-        } else {
-            outputs.iter().filter(|o| self.free(&o.key.run_id)).count()
-        }
+        outputs.iter().filter(|o| self.free(&o.key.run_id)).count()
     }
 
-    /// Takes up to `limit` outputs of free runs, oldest first, for an exchange starting now.
+    /// Takes up to `limit` outputs of free runs, oldest first, for an exchange starting now; the rest stay in
+    /// `outputs`, in order.
     fn take(&mut self, outputs: &mut Vec<TaskResult>, limit: usize) -> Vec<TaskResult> {
-        let batch: Vec<TaskResult> = if self.0.is_empty() {
-            outputs.drain(..outputs.len().min(limit)).collect()
-        } else {
-            let mut batch = Vec::new();
-            let mut kept = Vec::with_capacity(outputs.len());
-            for output in outputs.drain(..) {
-                if batch.len() < limit && self.free(&output.key.run_id) {
-                    batch.push(output);
-                } else {
-                    kept.push(output);
-                }
+        let (mut batch, mut kept) = (Vec::new(), Vec::with_capacity(outputs.len()));
+        for output in outputs.drain(..) {
+            if batch.len() < limit && self.free(&output.key.run_id) {
+                batch.push(output);
+            } else {
+                kept.push(output);
             }
-            *outputs = kept;
-            batch
-        };
+        }
+        *outputs = kept;
         for output in &batch {
             *self.0.entry(output.key.run_id).or_default() += 1;
         }
@@ -599,6 +590,7 @@ fn log_join(joined: Result<(), tokio::task::JoinError>) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::record::{Outcome, TaskKey};
     use super::*;
 
     #[test]
@@ -613,7 +605,7 @@ mod tests {
 
     fn output(run: u128, step: &str) -> TaskResult {
         TaskResult {
-            key: super::super::record::TaskKey {
+            key: TaskKey {
                 run_id: Uuid::from_u128(run),
                 flow_slug: "f".into(),
                 step_slug: step.into(),
@@ -621,7 +613,7 @@ mod tests {
                 msg_id: 1,
                 attempt: 1,
             },
-            outcome: super::super::record::Outcome::Output(serde_json::Value::Null),
+            outcome: Outcome::Output(serde_json::Value::Null),
             ran_for: Duration::ZERO,
             first_error: None,
             _permit: Arc::new(Semaphore::new(1))
