@@ -474,3 +474,119 @@ async fn completing_a_step_writes_each_dependent_step_state_once() {
     assert_eq!(queued, 20);
     assert_eq!(live_messages(pool, "dia").await, 20);
 }
+
+/// Calls of `schema.name` (all overloads) this connection has made, flushed to the statistics views.
+async fn function_calls(conn: &mut sqlx::PgConnection, schema: &str, name: &str) -> i64 {
+    flush_stats(conn).await;
+    sqlx::query_scalar(
+        "select coalesce(sum(calls), 0)::int8 from pg_stat_user_functions where schemaname = $1 and funcname = $2",
+    )
+    .bind(schema)
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Claims, completions and the messages they send go through the queue's own statements function, whose plans
+/// are cached for the session, and never through PGMQ's text-built statements, which are planned on every call.
+#[tokio::test]
+async fn exchanges_use_the_queues_own_statements_not_pgmqs_text_built_ones() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    exec(
+        pool,
+        "select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 5)) x",
+    )
+    .await;
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("set track_functions = 'pl'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let claimed = crate::exchange::exchange(&mut *conn, worker, &[], 5).await;
+    let done: Vec<(uuid::Uuid, &str, i32, i32, Value)> = claimed
+        .iter()
+        .map(|r| {
+            (
+                r.get("run_id"),
+                "a",
+                0,
+                r.get("attempts_count"),
+                json!({"n": 1}),
+            )
+        })
+        .collect();
+    assert_eq!(done.len(), 5);
+    // Completes `a`, sends `b` and `c`, and claims them.
+    let rows = crate::exchange::exchange(&mut *conn, worker, &done, 10).await;
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.get::<String, _>("outcome") == "claimed")
+            .count(),
+        10
+    );
+    for name in ["archive", "send_batch", "_send_batch", "read"] {
+        assert_eq!(
+            function_calls(&mut conn, "pgmq", name).await,
+            0,
+            "pgmq.{name} is not on the exchange's path"
+        );
+    }
+    assert!(function_calls(&mut conn, "pgflow", "_queue_ops_dia").await >= 4);
+    let archived: i64 = sqlx::query_scalar("select count(*) from pgmq.a_dia where read_ct = 1")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        archived, 5,
+        "the completed messages are archived as PGMQ would, read once"
+    );
+    assert_eq!(
+        live_messages(pool, "dia").await,
+        10,
+        "b and c's messages are live and claimed"
+    );
+}
+
+/// A queue's statements function is created with the queue, on first use for a queue created outside pgflow,
+/// and dropped with the queue.
+#[tokio::test]
+async fn a_queues_statements_live_and_die_with_the_queue() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let exists = |name: &'static str| async move {
+        sqlx::query_scalar::<_, bool>("select to_regproc($1) is not null")
+            .bind(format!("pgflow._queue_ops_{name}"))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    crate::exchange::setup(pool).await;
+    assert!(
+        exists("dia").await,
+        "compiling the flow creates its queue's statements"
+    );
+
+    exec(
+        pool,
+        "select pgmq.create('outside'); select pgmq.send('outside', '{}')",
+    )
+    .await;
+    assert!(!exists("outside").await);
+    let locked: Vec<i64> =
+        sqlx::query_scalar("select unnest(pgflow._lock_messages('outside', array[1, 2]::int8[]))")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(locked, [1], "only the live message is locked");
+    assert!(exists("outside").await, "first use creates them");
+
+    exec(pool, "select pgflow.delete_flow_and_data('dia')").await;
+    assert!(
+        !exists("dia").await,
+        "dropping the queue drops its statements"
+    );
+    assert!(exists("outside").await, "other queues keep theirs");
+}
