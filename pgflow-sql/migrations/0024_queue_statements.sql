@@ -103,6 +103,9 @@ begin
     $body$
   $f$, pgflow._queue_ops_name(p_queue), pgmq.format_table_name(p_queue, 'q'),
      pgmq.format_table_name(p_queue, 'a'));
+  -- Schema-level default privileges cannot take EXECUTE away from PUBLIC, so it is revoked here (0014).
+  execute format('revoke execute on function %s(text, bigint[], timestamptz[], int, jsonb[]) from public',
+                 pgflow._queue_ops_name(p_queue));
 exception
   -- Another transaction created it first.
   when duplicate_function or unique_violation then

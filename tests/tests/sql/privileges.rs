@@ -58,6 +58,18 @@ async fn a_role_with_only_schema_usage_can_call_nothing() {
         .fetch_one(pool)
         .await
         .unwrap();
+    let public: Vec<String> = sqlx::query_scalar(
+        "select p.oid::regprocedure::text from pg_proc p
+          where p.pronamespace = 'pgflow'::regnamespace and has_function_privilege('public', p.oid, 'execute')",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        public,
+        Vec::<String>::new(),
+        "no pgflow function, created by a migration or at compile time, is PUBLIC's"
+    );
     let role = Role::create(&db, "nobody").await;
     pool.execute(format!("grant usage on schema pgflow to {}", role.name).as_str())
         .await
