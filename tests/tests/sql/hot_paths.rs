@@ -42,6 +42,24 @@ async fn flush_stats(conn: &mut sqlx::PgConnection) {
     sqlx::query("select 1").execute(&mut *conn).await.unwrap();
 }
 
+/// The completions of claimed tasks of the diamond's root step `a`, each with output `{"n": 1}`.
+fn finished_a(
+    claimed: &[sqlx::postgres::PgRow],
+) -> Vec<(uuid::Uuid, &'static str, i32, i32, Value)> {
+    claimed
+        .iter()
+        .map(|r| {
+            (
+                r.get("run_id"),
+                "a",
+                0,
+                r.get("attempts_count"),
+                json!({"n": 1}),
+            )
+        })
+        .collect()
+}
+
 /// Rows inserted into and updated in `pgflow.step_states` so far (call `flush_stats` first).
 async fn step_state_writes(pool: &sqlx::PgPool) -> (i64, i64) {
     sqlx::query_as(
@@ -421,18 +439,7 @@ async fn completing_a_step_writes_each_dependent_step_state_once() {
     exec(pool, "select count(*) from (select pgflow.start_flow('dia', '{}') from generate_series(1, 10)) x").await;
     let mut conn = pool.acquire().await.unwrap();
     let claimed = crate::exchange::exchange(&mut *conn, worker, &[], 10).await;
-    let done: Vec<(uuid::Uuid, &str, i32, i32, Value)> = claimed
-        .iter()
-        .map(|r| {
-            (
-                r.get("run_id"),
-                "a",
-                0,
-                r.get("attempts_count"),
-                json!({"n": 1}),
-            )
-        })
-        .collect();
+    let done = finished_a(&claimed);
     assert_eq!(done.len(), 10);
     flush_stats(&mut conn).await;
     let before = step_state_writes(pool).await;
@@ -506,18 +513,7 @@ async fn exchanges_use_the_queues_own_statements_not_pgmqs_text_built_ones() {
         .await
         .unwrap();
     let claimed = crate::exchange::exchange(&mut *conn, worker, &[], 5).await;
-    let done: Vec<(uuid::Uuid, &str, i32, i32, Value)> = claimed
-        .iter()
-        .map(|r| {
-            (
-                r.get("run_id"),
-                "a",
-                0,
-                r.get("attempts_count"),
-                json!({"n": 1}),
-            )
-        })
-        .collect();
+    let done = finished_a(&claimed);
     assert_eq!(done.len(), 5);
     // Completes `a`, sends `b` and `c`, and claims them.
     let rows = crate::exchange::exchange(&mut *conn, worker, &done, 10).await;
