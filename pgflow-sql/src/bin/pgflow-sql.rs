@@ -18,8 +18,16 @@ async fn main() -> ExitCode {
     let command = std::env::args().nth(1).unwrap_or_default();
     match command.as_str() {
         "script" => {
-            print!("{}", pgflow_sql::install_script());
-            ExitCode::SUCCESS
+            use std::io::Write;
+            // A reader that stops early (`| head`) is not an error of ours.
+            match std::io::stdout().write_all(pgflow_sql::install_script().as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("pgflow-sql: writing the script: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         "install" | "status" => match run(&command).await {
             Ok(()) => ExitCode::SUCCESS,
