@@ -19,12 +19,13 @@
 ------------------------------------------------------------------------------------------------------------
 
 -- The name of queue `p_queue`'s statements function (at most 11 + 47 characters, within the 63 allowed).
+-- Immutable all through (quote_ident, not the stable format()), so PostgreSQL inlines it into its callers.
 create function pgflow._queue_ops_name(p_queue text)
 returns text
 language sql
 immutable
 as $$
-  select format('pgflow.%I', '_queue_ops_' || lower(p_queue))
+  select 'pgflow.' || quote_ident('_queue_ops_' || lower(p_queue))
 $$;
 
 -- Creates queue `p_queue`'s statements function unless it exists. Operations (ids are message ids):
