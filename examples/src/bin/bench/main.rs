@@ -69,10 +69,16 @@ struct Args {
     tasks: usize,
     /// Concurrency levels.
     ks: Vec<usize>,
-    /// Seconds of arrivals in the latency scenarios.
+    /// Seconds of arrivals in the latency scenarios whose runs are measured.
     latency_seconds: f64,
+    /// Seconds of arrivals, at the same rate, before those: the worker's connections plan their statements
+    /// and the tables grow to their working size. Their runs are reported apart.
+    latency_warmup: f64,
     /// Offered loads of the latency scenario, as fractions of the driver's own drain rate.
     latency_loads: Vec<f64>,
+    /// A fixed arrival rate (runs/s) multiplied by each load, instead of the drain rate (for comparisons
+    /// between builds, whose drain rates differ from run to run).
+    latency_rate: Option<f64>,
     /// Run only the scenarios whose label contains one of these (all when empty).
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
@@ -103,7 +109,9 @@ impl Args {
             tasks: 6000,
             ks: vec![1, 4, 16],
             latency_seconds: 8.0,
+            latency_warmup: 1.0,
             latency_loads: vec![0.5],
+            latency_rate: None,
             only: Vec::new(),
             profile: false,
             history_tasks: 1_000_000,
@@ -126,6 +134,8 @@ impl Args {
                     }
                 }
                 "--latency-seconds" => args.latency_seconds = one(&flag, &value()?)?,
+                "--latency-warmup" => args.latency_warmup = one(&flag, &value()?)?,
+                "--latency-rate" => args.latency_rate = Some(one(&flag, &value()?)?),
                 "--k" => args.ks = list(&flag, &value()?)?,
                 "--history-tasks" => args.history_tasks = one(&flag, &value()?)?,
                 "--history-drain-tasks" => args.history_drain_tasks = one(&flag, &value()?)?,
@@ -137,7 +147,7 @@ impl Args {
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-load 0.5,0.25] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -376,13 +386,16 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             .iter()
             .find(|r| r.k == k_max && r.what == drain_label(flow, driver))
             .map_or(100.0, |r| r.value);
+        let full = args
+            .latency_rate
+            .unwrap_or(drained / flow.tasks_per_run() as f64);
         for load in &args.latency_loads {
-            let rate = drained / flow.tasks_per_run() as f64 * load;
             let row = latency(
                 &db,
                 flow,
                 driver,
-                rate,
+                full * load,
+                Duration::from_secs_f64(args.latency_warmup),
                 Duration::from_secs_f64(args.latency_seconds),
             )
             .await;
@@ -646,13 +659,19 @@ async fn drain(
     })
 }
 
-/// Starts runs at `rate` per second for `duration` while `driver` executes them; reports runs/s and the
-/// p50/p99 start-to-finish latency from the database's timestamps.
+/// Starts runs at `rate` per second for `warmup` and then for `duration` while `driver` executes them;
+/// reports runs/s and the p50/p99 start-to-finish latency of the runs started after the warm-up, from the
+/// database's timestamps, and the p99 and max of the warm-up's runs beside them.
+///
+/// The warm-up is the driver's first contact with the load: each of its connections plans its statements on
+/// first use (a connection's first exchange takes about ten times as long as the next), and the tables grow
+/// from empty to their working size. Arrivals do not pause between the two periods.
 async fn latency(
     db: &BenchDb,
     flow: BenchFlow,
     driver: Driver,
     rate: f64,
+    warmup: Duration,
     duration: Duration,
 ) -> Result<Row, BenchError> {
     let slug = flow.slug();
@@ -664,13 +683,20 @@ async fn latency(
         .await?;
     let input = flow.input();
     let started = Instant::now();
-    let mut run_ids = Vec::new();
+    let (mut warm_ids, mut run_ids) = (Vec::new(), Vec::new());
     let mut tick = tokio::time::interval(Duration::from_millis(10));
-    while started.elapsed() < duration {
+    while started.elapsed() < warmup + duration {
         tick.tick().await;
-        let owed = (started.elapsed().as_secs_f64() * rate) as usize;
-        if owed > run_ids.len() {
-            run_ids.extend(db.start_runs(slug, &input, owed - run_ids.len()).await?);
+        let elapsed = started.elapsed();
+        let owed = (elapsed.as_secs_f64() * rate) as usize;
+        let due = owed.saturating_sub(warm_ids.len() + run_ids.len());
+        if due > 0 {
+            let ids = db.start_runs(slug, &input, due).await?;
+            if elapsed < warmup {
+                warm_ids.extend(ids);
+            } else {
+                run_ids.extend(ids);
+            }
         }
     }
     let limit = Instant::now() + Duration::from_secs(120);
@@ -693,9 +719,22 @@ async fn latency(
         joined.map_err(|e| BenchError::Invalid(format!("driver panicked: {e}")))??;
     }
     outcome?;
+    db.verify_completed(&warm_ids).await?;
     db.verify_completed(&run_ids).await?;
     let completed = run_ids.len();
     let lat = db.run_latency(&run_ids).await?;
+    let warmed = if warm_ids.is_empty() {
+        String::new()
+    } else {
+        let warm = db.run_latency(&warm_ids).await?;
+        format!(
+            "; the {} runs of the {:.1} s warm-up before them: p99 {:.0} ms, max {:.0} ms",
+            warm_ids.len(),
+            warmup.as_secs_f64(),
+            warm.p99,
+            warm.max
+        )
+    };
     cleanup(db, slug).await?;
     Ok(Row {
         what: format!("{}: {} latency at {rate:.0} runs/s", driver.label(), flow.name()),
@@ -705,7 +744,7 @@ async fn latency(
         extra: format!(
             "{completed} runs at {:.0} runs/s offered; start to finish p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; \
              per task (median, p99): {:.1} ms, {:.1} ms queued before its claim; {:.1} ms, {:.1} ms from claim to \
-             recorded output",
+             recorded output{warmed}",
             completed as f64 / duration.as_secs_f64(),
             lat.p50,
             lat.p99,
