@@ -176,3 +176,60 @@ async fn new_tasks_signal_their_queue_without_making_senders_wait_for_each_other
     sqlx::query("commit").execute(&mut a).await.unwrap();
     assert_eq!(live_messages(pool, "dia").await, 3);
 }
+
+#[tokio::test]
+async fn an_exchange_creating_tasks_does_not_hold_back_the_signal_of_a_new_run() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "dia", json!({})).await;
+    let first = exchange(pool, worker, &[], 4).await;
+    assert_eq!(outcomes(&first), [("claimed".into(), Some("a".into()))]);
+    sqlx::query("update pgflow.queue_signals set signaled_at = '-infinity'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut listener = PgListener::connect_with(pool).await.unwrap();
+    listener.listen("pgflow_queue_signal").await.unwrap();
+
+    // A worker's exchange records `a`, creating b and c: it signals the queue and, until it commits, holds
+    // its signal. The worker that sent it ignores that signal (it claims b and c itself).
+    let mut busy = PgConnection::connect_with(&db.options()).await.unwrap();
+    sqlx::query("begin").execute(&mut busy).await.unwrap();
+    exchange(&mut busy, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
+
+    // A run started meanwhile still signals, so an idle worker wakes for its first task.
+    let mut starter = PgConnection::connect_with(&db.options()).await.unwrap();
+    let starter_pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut starter)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.start_flow('dia', '{}')")
+        .execute(&mut starter)
+        .await
+        .unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the new run's queue signal")
+        .unwrap();
+    assert_eq!(
+        (note.payload(), note.process_id() as i32),
+        ("dia", starter_pid)
+    );
+
+    // The exchange's own signal follows at its commit, throttled apart.
+    sqlx::query("commit").execute(&mut busy).await.unwrap();
+    let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the exchange's queue signal")
+        .unwrap();
+    assert_eq!(note.payload(), "dia");
+    assert_ne!(note.process_id() as i32, starter_pid);
+    let sources: Vec<String> = sqlx::query_scalar(
+        "select source from pgflow.queue_signals where queue_name = 'dia' and signaled_at > '-infinity' order by source",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(sources, ["exchange", "other"]);
+}
