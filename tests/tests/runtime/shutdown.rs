@@ -1,5 +1,6 @@
 //! Shutdown, deprecation, the worker-function fence, and a worker killed mid-task.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgflow_runtime::{flow, Client, StepContext, StepError, StopReason, Worker, WorkerError};
@@ -13,6 +14,9 @@ use crate::support::{self, LIMIT};
 /// Closed until the test opens it: a blocked handler waits on it (or on its cancellation).
 static GATE: Semaphore = Semaphore::const_new(0);
 
+/// How many `nap` handlers have started (each test runs in a process of its own).
+static NAPS_STARTED: AtomicUsize = AtomicUsize::new(0);
+
 #[flow(slug = "sleepyFlow", input = u64)]
 mod sleepy {
     use super::*;
@@ -20,6 +24,7 @@ mod sleepy {
     /// Sleeps `ms` milliseconds; `u64::MAX` blocks until `GATE` opens (or the handler is cancelled).
     #[step]
     async fn nap(ms: u64, ctx: &StepContext<Sleepy>) -> Result<u64, StepError> {
+        NAPS_STARTED.fetch_add(1, Ordering::SeqCst);
         if ms == u64::MAX {
             return tokio::select! {
                 _ = ctx.cancellation().cancelled() => Err(StepError::msg("cancelled")),
@@ -56,8 +61,10 @@ async fn graceful_shutdown_finishes_in_flight_tasks_and_leaves_nothing_started()
     for _ in 0..4 {
         runs.push(client.start::<sleepy::Sleepy>(&400).await.unwrap());
     }
+    // Claimed in the database is not yet running: a claim whose result the worker has not read when it stops
+    // is handed back. Wait for the four handlers themselves.
     pgflow_tests::wait_until(LIMIT, "four tasks in flight", || async {
-        started_tasks(pool).await == 4
+        started_tasks(pool).await == 4 && NAPS_STARTED.load(Ordering::SeqCst) == 4
     })
     .await;
     let report = worker.stop().await;
