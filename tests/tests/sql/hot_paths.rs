@@ -223,6 +223,98 @@ async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
     let mut conn = pool.acquire().await.unwrap();
     flush_stats(&mut conn).await;
     let before = seq_scans(pool).await;
+    let (run, hops) = diamond_through_exchange(&mut conn, worker).await;
+    flush_stats(&mut conn).await;
+    let after = seq_scans(pool).await;
+    assert_eq!(hops, 3, "a, then b and c together, then d");
+    assert_eq!(run_status(pool, run).await, "completed");
+    assert_eq!(before, after, "sequential scans while a diamond ran");
+}
+
+/// Index entries read from runs, step states and tasks so far (call `flush_stats` first).
+async fn index_reads(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "select coalesce(sum(idx_tup_read), 0)::int8 from pg_stat_user_indexes
+          where schemaname = 'pgflow' and relname in ('runs', 'step_states', 'step_tasks')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A session keeps its generic plans (migration 0019), and the planner sizes a table by its pages at planning
+/// time. A session that planned while the tables were empty took them for a few rows and, with sequential
+/// scans off, looped over whole indexes once they had grown: one diamond run read about 300,000 index entries
+/// after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have more than
+/// doubled since it planned, and task creation finds runs by key whatever their statistics (migration 0026):
+/// the run reads about 150.
+#[tokio::test]
+async fn a_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = crate::exchange::setup(pool).await;
+    // A fresh installation's sizes, and no autovacuum to analyse the tables (which would replan too).
+    exec(
+        pool,
+        "alter table pgflow.runs set (autovacuum_enabled = false);
+         alter table pgflow.step_states set (autovacuum_enabled = false);
+         alter table pgflow.step_tasks set (autovacuum_enabled = false);",
+    )
+    .await;
+    exec(
+        pool,
+        "vacuum pgflow.runs, pgflow.step_states, pgflow.step_tasks",
+    )
+    .await;
+
+    // The session plans on the empty tables.
+    let mut conn = pool.acquire().await.unwrap();
+    let (run, hops) = diamond_through_exchange(&mut conn, worker).await;
+    assert_eq!(
+        (hops, run_status(pool, run).await.as_str()),
+        (3, "completed")
+    );
+
+    // 3,000 finished runs arrive through other sessions.
+    exec(
+        pool,
+        "insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
+           select md5('r' || i)::uuid, 'dia', 'completed', '{}', 0, now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 3000) i;
+         insert into pgflow.step_states (flow_slug, run_id, step_slug, status, initial_tasks, remaining_tasks, remaining_deps,
+                                         created_at, started_at, completed_at)
+           select 'dia', md5('r' || i)::uuid, s, 'completed', 1, 0, 0,
+                  now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 3000) i, unnest(array['a', 'b', 'c', 'd']) s;
+         insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, status,
+                                        attempts_count, output, queued_at, started_at, completed_at)
+           select 'dia', md5('r' || i)::uuid, s, 0, -(i * 4 + o), 'dia', 'completed', 1, '1',
+                  now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour'
+           from generate_series(1, 3000) i, unnest(array['a', 'b', 'c', 'd']) with ordinality as x(s, o);",
+    )
+    .await;
+
+    flush_stats(&mut conn).await;
+    let before = index_reads(pool).await;
+    let (run, hops) = diamond_through_exchange(&mut conn, worker).await;
+    flush_stats(&mut conn).await;
+    let read = index_reads(pool).await - before;
+    assert_eq!(
+        (hops, run_status(pool, run).await.as_str()),
+        (3, "completed")
+    );
+    assert!(
+        read < 1_000,
+        "one diamond run on the session read {read} index entries of runs, step states and tasks"
+    );
+}
+
+/// Starts a run of the `dia` diamond on `conn` and drives it to its end through `pgflow.exchange` on the same
+/// connection; returns the run and the number of exchanges that claimed something.
+async fn diamond_through_exchange(
+    conn: &mut sqlx::PgConnection,
+    worker: uuid::Uuid,
+) -> (uuid::Uuid, usize) {
     let run: uuid::Uuid = sqlx::query_scalar("select (pgflow.start_flow('dia', '{}')).run_id")
         .fetch_one(&mut *conn)
         .await
@@ -257,11 +349,7 @@ async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
         }
         hops += 1;
     }
-    flush_stats(&mut conn).await;
-    let after = seq_scans(pool).await;
-    assert_eq!(hops, 3, "a, then b and c together, then d");
-    assert_eq!(run_status(pool, run).await, "completed");
-    assert_eq!(before, after, "sequential scans while a diamond ran");
+    (run, hops)
 }
 
 /// Updates of the `dia` queue's messages so far.
