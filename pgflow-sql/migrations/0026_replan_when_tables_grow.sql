@@ -14,8 +14,9 @@
 -- 16 pages, so that an empty start does not replan every call), it discards the session's cached plans
 -- (DISCARD PLANS) and records the new size. The next statements plan again with the tables' real size. While
 -- the tables grow steadily from empty a session replans a dozen or so times; at a steady size, never. It costs
--- three relation-size lookups per call. pgflow.exchange calls it first; it discards every cached plan of
--- the session, which the session's other statements rebuild on their next use. Behaviour is unchanged.
+-- three relation-size lookups per call. pgflow.exchange, start_tasks, complete_task and complete_tasks call it
+-- first. It discards every cached plan of the session, which the session's other statements rebuild on their
+-- next use. Behaviour is unchanged.
 
 create or replace function pgflow._replan_if_grown()
 returns void
@@ -164,5 +165,128 @@ begin
   perform pgflow._signal_queues(v_queues);
 end;
 $$;
+
+-- Upstream's entry points for claiming and completing (as in 0007 and 0016) replan the same way, so that a
+-- worker in any language that claims with start_tasks and completes with complete_task, on sessions of its
+-- own, gets the same protection (one diamond run on such sessions read over 100,000 index entries in the test
+-- that planned them on empty tables and then added 3,000 runs). CREATE OR REPLACE resets the options that
+-- later migrations set on these functions; they are set again below.
+create or replace function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid)
+returns setof pgflow.step_task_record
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_queues text[];
+begin
+  perform pgflow._replan_if_grown();
+  select array_agg(distinct s.queue_name) into v_queues
+  from pgflow.steps s
+  where s.flow_slug = start_tasks.flow_slug;
+
+  if v_queues is null then
+    return;
+  elsif cardinality(v_queues) > 1 then
+    raise exception 'start_tasks(): flow "%" sends its tasks to % queues (%)',
+        start_tasks.flow_slug, cardinality(v_queues), array_to_string(v_queues, ', ')
+      using hint = 'Call start_tasks(flow_slug, msg_ids, worker_id, queue_name) with the queue the messages were read from.';
+  end if;
+
+  return query
+  select * from pgflow.start_tasks(start_tasks.flow_slug, start_tasks.msg_ids, start_tasks.worker_id, v_queues[1]);
+end;
+$$;
+
+create or replace function pgflow.complete_task(run_id uuid, step_slug text, task_index int, output jsonb)
+returns setof pgflow.step_tasks
+language sql
+volatile
+set search_path = ''
+as $$
+  select pgflow._replan_if_grown();
+  select (c.task).*
+  from pgflow._complete_tasks(array[complete_task.run_id], array[complete_task.step_slug],
+                              array[complete_task.task_index], array[complete_task.output], array[null::int],
+                              null) c;
+$$;
+
+create or replace function pgflow.complete_task(
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  output jsonb,
+  attempt int,
+  worker_id uuid default null
+)
+returns setof pgflow.task_outcome
+language plpgsql
+volatile
+set search_path = ''
+as $$
+begin
+  perform pgflow._replan_if_grown();
+  if attempt is null then
+    raise exception 'complete_task(): attempt is required by the fenced form'
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass the attempt the claim returned, or call the four-argument complete_task.';
+  end if;
+  return query
+  select (c.task).run_id, (c.task).step_slug, (c.task).task_index,
+         case when c.applied then 'applied' else 'stale' end,
+         (c.task).status, (c.task).attempts_count, (c.task).last_worker_id
+  from pgflow._complete_tasks(array[complete_task.run_id], array[complete_task.step_slug],
+                              array[complete_task.task_index], array[complete_task.output],
+                              array[complete_task.attempt], complete_task.worker_id) c;
+end;
+$$;
+
+create or replace function pgflow.complete_tasks(
+  run_ids uuid[],
+  step_slugs text[],
+  task_indexes int[],
+  outputs jsonb[],
+  attempts int[],
+  worker_id uuid default null
+)
+returns setof pgflow.task_outcome
+language plpgsql
+volatile
+set search_path = ''
+as $$
+begin
+  perform pgflow._replan_if_grown();
+  if cardinality(run_ids) is distinct from cardinality(step_slugs)
+     or cardinality(run_ids) is distinct from cardinality(task_indexes)
+     or cardinality(run_ids) is distinct from cardinality(outputs)
+     or cardinality(run_ids) is distinct from cardinality(attempts) then
+    raise exception 'complete_tasks(): array lengths differ (run_ids %, step_slugs %, task_indexes %, outputs %, attempts %)',
+      cardinality(run_ids), cardinality(step_slugs), cardinality(task_indexes), cardinality(outputs),
+      cardinality(attempts)
+      using errcode = 'invalid_parameter_value';
+  end if;
+  if array_position(attempts, null) is not null then
+    raise exception 'complete_tasks(): attempts[%] is NULL', array_position(attempts, null)
+      using errcode = 'invalid_parameter_value',
+            hint = 'Every item needs the attempt its claim returned.';
+  end if;
+  return query
+  select (c.task).run_id, (c.task).step_slug, (c.task).task_index,
+         case when c.applied then 'applied' else 'stale' end,
+         (c.task).status, (c.task).attempts_count, (c.task).last_worker_id
+  from pgflow._complete_tasks(complete_tasks.run_ids, complete_tasks.step_slugs, complete_tasks.task_indexes,
+                              complete_tasks.outputs, complete_tasks.attempts, complete_tasks.worker_id) c
+  order by c.ord;
+end;
+$$;
+
+alter function pgflow.start_tasks(text, bigint[], uuid)
+  security definer set plan_cache_mode = force_generic_plan set enable_seqscan = off;
+alter function pgflow.complete_task(uuid, text, integer, jsonb)
+  security definer set plan_cache_mode = force_generic_plan set enable_seqscan = off;
+alter function pgflow.complete_task(uuid, text, integer, jsonb, integer, uuid)
+  security definer set plan_cache_mode = force_generic_plan set enable_seqscan = off;
+alter function pgflow.complete_tasks(uuid[], text[], integer[], jsonb[], integer[], uuid)
+  security definer set plan_cache_mode = force_generic_plan set enable_seqscan = off;
 
 revoke execute on all functions in schema pgflow from public;

@@ -256,8 +256,8 @@ async fn index_reads(pool: &sqlx::PgPool) -> i64 {
 
 /// A session keeps its generic plans (migration 0019), and the planner sizes a table by its pages at planning
 /// time. A session that planned while the tables were empty took them for a few rows and, with sequential
-/// scans off, looped over whole indexes once they had grown: one diamond run read 100,000 to 280,000 index
-/// entries after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have more than
+/// scans off, looped over whole indexes once they had grown: one diamond run read over 100,000 index entries
+/// (up to 320,000) after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have more than
 /// doubled since it planned, and task creation finds runs by key whatever their statistics (migration 0026):
 /// the run reads about 150.
 #[tokio::test]
@@ -265,19 +265,7 @@ async fn a_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
     let db = test_db().await;
     let pool = db.pool();
     let worker = crate::exchange::setup(pool).await;
-    // A fresh installation's sizes, and no autovacuum to analyse the tables (which would replan too).
-    exec(
-        pool,
-        "alter table pgflow.runs set (autovacuum_enabled = false);
-         alter table pgflow.step_states set (autovacuum_enabled = false);
-         alter table pgflow.step_tasks set (autovacuum_enabled = false);",
-    )
-    .await;
-    exec(
-        pool,
-        "vacuum pgflow.runs, pgflow.step_states, pgflow.step_tasks",
-    )
-    .await;
+    empty_tables_without_autovacuum(pool).await;
 
     // The session plans on the empty tables.
     let mut conn = pool.acquire().await.unwrap();
@@ -299,6 +287,84 @@ async fn a_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
         (hops, run_status(pool, run).await.as_str()),
         (3, "completed")
     );
+    assert!(
+        read < 1_000,
+        "one diamond run on the session read {read} index entries of runs, step states and tasks"
+    );
+}
+
+/// A fresh installation's table sizes (empty and vacuumed), and no autovacuum to analyse the tables while a
+/// test runs (an analysis rebuilds every session's plans too).
+async fn empty_tables_without_autovacuum(pool: &sqlx::PgPool) {
+    exec(
+        pool,
+        "alter table pgflow.runs set (autovacuum_enabled = false);
+         alter table pgflow.step_states set (autovacuum_enabled = false);
+         alter table pgflow.step_tasks set (autovacuum_enabled = false);",
+    )
+    .await;
+    exec(
+        pool,
+        "vacuum pgflow.runs, pgflow.step_states, pgflow.step_tasks",
+    )
+    .await;
+}
+
+/// Starts a run of the `dia` diamond on `conn` and drives it to its end the way upstream's worker does, on the
+/// same connection: `pgmq.read`, `start_tasks`, then `complete_task` per task.
+async fn diamond_upstream_style(conn: &mut sqlx::PgConnection) -> uuid::Uuid {
+    let run: uuid::Uuid = sqlx::query_scalar("select (pgflow.start_flow('dia', '{}')).run_id")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let ids: Vec<i64> = sqlx::query_scalar("select msg_id from pgmq.read('dia', 30, 10)")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+        let tasks: Vec<(String, i32)> =
+            sqlx::query_as("select step_slug, task_index from pgflow.start_tasks('dia', $1, $2)")
+                .bind(&ids)
+                .bind(WORKER)
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap();
+        assert!(!tasks.is_empty(), "a hop of the diamond claimed nothing");
+        for (step, index) in tasks {
+            sqlx::query("select pgflow.complete_task($1, $2, $3, '1')")
+                .bind(run)
+                .bind(step)
+                .bind(index)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+    }
+    run
+}
+
+/// The same through upstream's entry points (`start_tasks`, `complete_task`), which replan the same way: one
+/// diamond run on such a session read over 100,000 index entries after 3,000 runs had arrived.
+#[tokio::test]
+async fn an_upstream_style_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
+    let db = test_db().await;
+    let pool = db.pool();
+    crate::exchange::setup(pool).await;
+    register_worker(pool).await;
+    empty_tables_without_autovacuum(pool).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let run = diamond_upstream_style(&mut conn).await;
+    assert_eq!(run_status(pool, run).await, "completed");
+
+    insert_finished_diamond_runs(pool, 3000).await;
+
+    flush_stats(&mut conn).await;
+    let before = index_reads(pool).await;
+    let run = diamond_upstream_style(&mut conn).await;
+    flush_stats(&mut conn).await;
+    let read = index_reads(pool).await - before;
+    assert_eq!(run_status(pool, run).await, "completed");
     assert!(
         read < 1_000,
         "one diamond run on the session read {read} index entries of runs, step states and tasks"
