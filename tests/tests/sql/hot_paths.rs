@@ -257,9 +257,9 @@ async fn index_reads(pool: &sqlx::PgPool) -> i64 {
 /// A session keeps its generic plans (migration 0019), and the planner sizes a table by its pages at planning
 /// time. A session that planned while the tables were empty took them for a few rows and, with sequential
 /// scans off, looped over whole indexes once they had grown: one diamond run read over 100,000 index entries
-/// (up to 320,000) after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have more than
-/// doubled since it planned, and task creation finds runs by key whatever their statistics (migration 0026):
-/// the run reads about 150.
+/// (up to 320,000) after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have
+/// more than doubled since it planned, and task creation finds runs by key whatever their statistics
+/// (migration 0026): the run reads about 150.
 #[tokio::test]
 async fn a_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
     let db = test_db().await;
