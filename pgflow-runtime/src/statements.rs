@@ -75,6 +75,10 @@ pub(crate) const RUN_MAINTENANCE: &str = "select pgflow.run_maintenance(dead_aft
 pub(crate) const START_FLOW: &str =
     "select run_id, flow_slug from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
 
+/// Starts one run per input of a concrete slug or an alias, in one transaction → their ids in input order.
+pub(crate) const START_FLOWS: &str =
+    "select run_id from pgflow.start_flows(flow_slug => $1, inputs => $2)";
+
 /// A run with its step states.
 pub(crate) const GET_RUN_WITH_STATES: &str = "select pgflow.get_run_with_states(run_id => $1)";
 

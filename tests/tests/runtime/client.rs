@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use pgflow_runtime::client::start_flow;
+use pgflow_runtime::client::{start_flow, start_flows};
 use pgflow_runtime::{flow, Client, RunStatus, StepError, WaitError};
 
 use crate::support::{self, LIMIT};
@@ -95,4 +95,38 @@ async fn waiting_times_out_and_reports_unknown_runs() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("database error"), "{err}");
+}
+
+#[tokio::test]
+async fn runs_started_together_come_back_in_input_order_and_each_completes() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<greet::Greet>(pool).await;
+    let client = Client::new(pool.clone());
+    let names: Vec<String> = (0..25).map(|i| format!("guest {i}")).collect();
+    let runs = client.start_many::<greet::Greet>(&names).await.unwrap();
+    assert_eq!(runs.len(), names.len());
+    for (run, name) in runs.iter().zip(&names) {
+        assert_eq!(run.flow_slug(), "greetFlow");
+        assert_eq!(
+            run.wait(LIMIT).await.unwrap().hello,
+            format!("hello {name}")
+        );
+    }
+    assert!(client
+        .start_many::<greet::Greet>(&[])
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Inside a transaction that rolls back, none of them exists.
+    let mut tx = pool.begin().await.unwrap();
+    let ids = start_flows::<greet::Greet, _>(&mut *tx, &names[..3])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    for id in ids {
+        assert!(client.run(id).await.unwrap().is_none());
+    }
+    worker.stop().await;
 }

@@ -78,6 +78,7 @@ async fn a_role_with_only_schema_usage_can_call_nothing() {
     for sql in [
         "select pgflow.start_flow_with_states('priv', '{}')",
         "select pgflow.start_flow('priv', '{}')",
+        "select pgflow.start_flows('priv', array['{}'::jsonb])",
         "select pgflow.get_run_with_states('00000000-0000-0000-0000-000000000000')",
         "select pgflow.requeue_stalled_tasks()",
         "select pgflow.setup_requeue_stalled_tasks_cron()",
@@ -206,6 +207,14 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
         .await
         .unwrap();
     assert_eq!(status, "completed");
+    // The client may also start many runs in one call.
+    let together: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.start_flows('e2e', array['{\"n\": 2}'::jsonb, '{}'])",
+    )
+    .fetch_one(&client)
+    .await
+    .unwrap();
+    assert_eq!(together, 2);
     // Neither role can touch tables directly.
     for pool in [&worker, &client] {
         let err = sqlx::query("delete from pgflow.runs")

@@ -148,9 +148,42 @@ impl BenchDb {
         Ok(id)
     }
 
-    /// Starts `runs` runs of `slug` with `input`, in statements of up to 200 runs; returns their ids.
+    /// Starts `runs` runs of `slug` with `input`, up to 200 per `pgflow.start_flows` call; returns their ids.
     pub(crate) async fn start_runs(
         &self,
+        slug: &str,
+        input: &Value,
+        runs: usize,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        self.start_in_statements(
+            "select run_id from pgflow.start_flows($1, array_fill($2::jsonb, array[$3]))",
+            slug,
+            input,
+            runs,
+        )
+        .await
+    }
+
+    /// As [`BenchDb::start_runs`], but with one `pgflow.start_flow` call per run (up to 200 in a statement).
+    pub(crate) async fn start_runs_each(
+        &self,
+        slug: &str,
+        input: &Value,
+        runs: usize,
+    ) -> Result<Vec<Uuid>, sqlx::Error> {
+        self.start_in_statements(
+            "select (r).run_id from (select pgflow.start_flow($1, $2) as r from generate_series(1, $3)) x",
+            slug,
+            input,
+            runs,
+        )
+        .await
+    }
+
+    /// Runs `sql` (binding slug, input and a count of at most 200) until `runs` runs have started.
+    async fn start_in_statements(
+        &self,
+        sql: &str,
         slug: &str,
         input: &Value,
         runs: usize,
@@ -159,14 +192,12 @@ impl BenchDb {
         let mut left = runs;
         while left > 0 {
             let n = left.min(200);
-            let started: Vec<Uuid> = sqlx::query_scalar(
-                "select (r).run_id from (select pgflow.start_flow($1, $2) as r from generate_series(1, $3)) x",
-            )
-            .bind(slug)
-            .bind(input)
-            .bind(n as i32)
-            .fetch_all(&self.pool)
-            .await?;
+            let started: Vec<Uuid> = sqlx::query_scalar(sql)
+                .bind(slug)
+                .bind(input)
+                .bind(n as i32)
+                .fetch_all(&self.pool)
+                .await?;
             ids.extend(started);
             left -= n;
         }

@@ -79,6 +79,9 @@ struct Args {
     /// A fixed arrival rate (runs/s) multiplied by each load, instead of the drain rate (for comparisons
     /// between builds, whose drain rates differ from run to run).
     latency_rate: Option<f64>,
+    /// How the latency scenarios start each 10 ms tick's runs: `set` (one `pgflow.start_flows` call) and/or
+    /// `each` (one `pgflow.start_flow` call per run, in one statement).
+    latency_starts: Vec<Starts>,
     /// Run only the scenarios whose label contains one of these (all when empty).
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
@@ -112,6 +115,7 @@ impl Args {
             latency_warmup: 1.0,
             latency_loads: vec![0.5],
             latency_rate: None,
+            latency_starts: vec![Starts::Set],
             only: Vec::new(),
             profile: false,
             history_tasks: 1_000_000,
@@ -136,6 +140,16 @@ impl Args {
                 "--latency-seconds" => args.latency_seconds = one(&flag, &value()?)?,
                 "--latency-warmup" => args.latency_warmup = one(&flag, &value()?)?,
                 "--latency-rate" => args.latency_rate = Some(one(&flag, &value()?)?),
+                "--latency-starts" => {
+                    args.latency_starts = value()?
+                        .split(',')
+                        .map(|v| match v {
+                            "set" => Ok(Starts::Set),
+                            "each" => Ok(Starts::Each),
+                            _ => Err(format!("--latency-starts: `set` or `each`, not `{v}`")),
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
                 "--k" => args.ks = list(&flag, &value()?)?,
                 "--history-tasks" => args.history_tasks = one(&flag, &value()?)?,
                 "--history-drain-tasks" => args.history_drain_tasks = one(&flag, &value()?)?,
@@ -147,7 +161,7 @@ impl Args {
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -389,23 +403,27 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         let full = args
             .latency_rate
             .unwrap_or(drained / flow.tasks_per_run() as f64);
-        for load in &args.latency_loads {
-            let row = latency(
-                &db,
-                flow,
-                driver,
-                full * load,
-                Duration::from_secs_f64(args.latency_warmup),
-                Duration::from_secs_f64(args.latency_seconds),
-            )
-            .await;
-            let label = format!(
-                "{}: {} latency at {:.0} % of its drain rate",
-                driver.label(),
-                flow.name(),
-                load * 100.0
-            );
-            record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+        for starts in &args.latency_starts {
+            for load in &args.latency_loads {
+                let row = latency(
+                    &db,
+                    flow,
+                    driver,
+                    *starts,
+                    full * load,
+                    Duration::from_secs_f64(args.latency_warmup),
+                    Duration::from_secs_f64(args.latency_seconds),
+                )
+                .await;
+                let label = format!(
+                    "{}: {} latency at {:.0} % of its drain rate{}",
+                    driver.label(),
+                    flow.name(),
+                    load * 100.0,
+                    starts.label()
+                );
+                record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+            }
         }
     }
 
@@ -659,6 +677,25 @@ async fn drain(
     })
 }
 
+/// How the latency harness starts a tick's runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Starts {
+    /// One `pgflow.start_flows` call for the tick's runs.
+    Set,
+    /// One `pgflow.start_flow` call per run (all in one statement), as before `start_flows` existed.
+    Each,
+}
+
+impl Starts {
+    /// The suffix of a latency row's label.
+    fn label(self) -> &'static str {
+        match self {
+            Starts::Set => "",
+            Starts::Each => ", one start_flow per run",
+        }
+    }
+}
+
 /// Starts runs at `rate` per second for `warmup` and then for `duration` while `driver` executes them;
 /// reports runs/s and the p50/p99 start-to-finish latency of the runs started after the warm-up, from the
 /// database's timestamps, and the p99 and max of the warm-up's runs beside them.
@@ -670,6 +707,7 @@ async fn latency(
     db: &BenchDb,
     flow: BenchFlow,
     driver: Driver,
+    starts: Starts,
     rate: f64,
     warmup: Duration,
     duration: Duration,
@@ -691,7 +729,10 @@ async fn latency(
         let owed = (elapsed.as_secs_f64() * rate) as usize;
         let due = owed.saturating_sub(warm_ids.len() + run_ids.len());
         if due > 0 {
-            let ids = db.start_runs(slug, &input, due).await?;
+            let ids = match starts {
+                Starts::Set => db.start_runs(slug, &input, due).await?,
+                Starts::Each => db.start_runs_each(slug, &input, due).await?,
+            };
             if elapsed < warmup {
                 warm_ids.extend(ids);
             } else {
@@ -737,7 +778,12 @@ async fn latency(
     };
     cleanup(db, slug).await?;
     Ok(Row {
-        what: format!("{}: {} latency at {rate:.0} runs/s", driver.label(), flow.name()),
+        what: format!(
+            "{}: {} latency at {rate:.0} runs/s{}",
+            driver.label(),
+            flow.name(),
+            starts.label()
+        ),
         k: driver.k(),
         value: lat.p50,
         unit: "ms p50",
