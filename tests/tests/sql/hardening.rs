@@ -209,6 +209,15 @@ async fn claim_extends_visibility_to_the_effective_step_timeout_plus_buffer() {
             .unwrap();
     let tasks = start_tasks(pool, "vis", &ids).await;
     assert_eq!(tasks.len(), 2);
+    // The claim sets the visibility only: the read count stays what pgmq.read made it.
+    let read_counts: Vec<i32> = sqlx::query_scalar(
+        "select read_ct from pgmq.q_vis where msg_id = any ($1) order by msg_id",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(read_counts, [1, 1]);
     for task in tasks {
         let secs = seconds_until_visible(pool, "vis", task.msg_id).await;
         let expected = if task.step_slug == "own" { 302.0 } else { 52.0 };
