@@ -687,6 +687,14 @@ enum Starts {
 }
 
 impl Starts {
+    /// The name `--latency-starts` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Starts::Set => "set",
+            Starts::Each => "each",
+        }
+    }
+
     /// The suffix of a latency row's label.
     fn label(self) -> &'static str {
         match self {
@@ -823,13 +831,18 @@ fn print_table(
     println!("- server: {}", db.server_version);
     println!("- settings: {}", db.settings);
     println!(
-        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --latency-load {:?} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {} --budget-tasks {} --budget-k {:?}; whole run {:.0} s\n",
+        "- machine: {} CPUs; settings: --seconds {} --tasks {} --k {:?} --latency-seconds {} --latency-load {:?} --latency-starts {} --history-tasks {} --history-k {:?} --history-repeat {} --history-drain-tasks {} --budget-tasks {} --budget-k {:?}; whole run {:.0} s\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.seconds,
         args.tasks,
         args.ks,
         args.latency_seconds,
         args.latency_loads,
+        args.latency_starts
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(","),
         args.history_tasks,
         args.history_ks,
         args.history_repeat,
