@@ -47,7 +47,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::db::{BenchDb, BenchFlow};
+use crate::db::{BenchDb, BenchFlow, START_RUNS};
 use crate::{BenchError, Driver};
 
 /// Frontend message counts (client → server).
@@ -389,14 +389,12 @@ async fn measure(
     let mut start_statements: i64 = 0;
     while run_ids.len() < runs {
         let n = (runs - run_ids.len()).min(200);
-        let ids: Vec<Uuid> = sqlx::query_scalar(
-            "select (r).run_id from (select pgflow.start_flow($1, $2) as r from generate_series(1, $3)) x",
-        )
-        .bind(slug)
-        .bind(flow.input())
-        .bind(n as i32)
-        .fetch_all(&mut h)
-        .await?;
+        let ids: Vec<Uuid> = sqlx::query_scalar(START_RUNS)
+            .bind(slug)
+            .bind(flow.input())
+            .bind(n as i32)
+            .fetch_all(&mut h)
+            .await?;
         run_ids.extend(ids);
         start_statements += 1;
     }

@@ -23,6 +23,11 @@ pub(crate) struct BenchDb {
     pub(crate) profile: bool,
 }
 
+/// Starts `$3` runs of flow `$1` with input `$2` in one `pgflow.start_flows` call → their ids: how every
+/// harness starts its runs (at most 200 per statement).
+pub(crate) const START_RUNS: &str =
+    "select run_id from pgflow.start_flows($1, array_fill($2::jsonb, array[$3]))";
+
 impl BenchDb {
     /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
     /// PGMQ and pgflow installed.
@@ -155,13 +160,8 @@ impl BenchDb {
         input: &Value,
         runs: usize,
     ) -> Result<Vec<Uuid>, sqlx::Error> {
-        self.start_in_statements(
-            "select run_id from pgflow.start_flows($1, array_fill($2::jsonb, array[$3]))",
-            slug,
-            input,
-            runs,
-        )
-        .await
+        self.start_in_statements(START_RUNS, slug, input, runs)
+            .await
     }
 
     /// As [`BenchDb::start_runs`], but with one `pgflow.start_flow` call per run (up to 200 in a statement).
