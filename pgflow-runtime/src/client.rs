@@ -443,11 +443,12 @@ impl Client {
 
     /// Waits until the run completes or fails, for at most `timeout`.
     ///
-    /// Woken by the run's notifications (`LISTEN pgflow_run_<id>`; `run:*` events are on by
-    /// default), with a re-read every poll-fallback period in case a notification is missed or
-    /// listening is impossible (for example behind a transaction pooler). All waits of one
-    /// client (and its clones) share one listening connection, taken from the pool on the first
-    /// wait and kept while the client lives.
+    /// Woken by the run's notifications (`LISTEN pgflow_run_<id>`, with the listening session
+    /// registered by `pgflow.watch_run`: by default the SQL core sends a run's `run:*` events while
+    /// someone watches it), with a re-read every poll-fallback period in case a notification is
+    /// missed or listening is impossible (for example behind a transaction pooler). All waits of
+    /// one client (and its clones) share one listening connection, taken from the pool on the
+    /// first wait and kept while the client lives.
     ///
     /// # Errors
     ///

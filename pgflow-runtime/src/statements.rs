@@ -92,6 +92,12 @@ pub(crate) const RUN_OUTCOME: &str = "select r.status, r.output, f.step_slug, f.
 /// The input of a run (read lazily by `StepContext::flow_input`).
 pub(crate) const RUN_INPUT: &str = "select input from pgflow.runs where run_id = $1";
 
+/// Registers the session as a watcher of a run, so that its `run:*` events are sent (→ its status).
+pub(crate) const WATCH_RUN: &str = "select pgflow.watch_run(run_id => $1)";
+
+/// Removes the session's registration as a watcher of a run.
+pub(crate) const UNWATCH_RUN: &str = "select pgflow.unwatch_run(run_id => $1)";
+
 /// The notification channel of a run.
 pub(crate) fn run_channel(run_id: uuid::Uuid) -> String {
     format!("pgflow_run_{}", run_id.simple())

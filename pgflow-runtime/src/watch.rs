@@ -1,4 +1,7 @@
 //! One shared `LISTEN` connection per [`Client`](crate::Client) that wakes run waiters.
+//!
+//! The connection listens on each waited run's channel and registers itself as the run's watcher
+//! (`pgflow.watch_run`): by default the SQL core sends a run's events only while someone watches it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -95,21 +98,38 @@ impl Hub {
     }
 }
 
+/// Registers the listening session as a watcher of `run_id` (the run's status is read by the waiter).
+async fn watch(listener: &mut PgListener, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(statements::WATCH_RUN)
+        .bind(run_id)
+        .execute(listener)
+        .await
+        .map(drop)
+}
+
 async fn run(mut listener: PgListener, mut rx: mpsc::UnboundedReceiver<Cmd>, waiters: Waiters) {
     loop {
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 None => return,
                 Some(Cmd::Listen(run_id, ack)) => {
-                    let ok = listener.listen(&statements::run_channel(run_id)).await;
+                    // Listen before watching: an event sent once the watch is in place finds the channel.
+                    let mut ok = listener.listen(&statements::run_channel(run_id)).await;
+                    if ok.is_ok() {
+                        ok = watch(&mut listener, run_id).await;
+                    }
                     if let Err(e) = &ok {
-                        tracing::debug!(%run_id, error = %e, "LISTEN failed; waiters poll");
+                        tracing::debug!(%run_id, error = %e, "LISTEN or watch_run failed; waiters poll");
                     }
                     let _ = ack.send(ok.is_ok());
                 }
                 Some(Cmd::Unlisten(run_id)) => {
                     let still_waited = waiters.lock().expect("waiters lock").contains_key(&run_id);
                     if !still_waited {
+                        let _ = sqlx::query(statements::UNWATCH_RUN)
+                            .bind(run_id)
+                            .execute(&mut listener)
+                            .await;
                         let _ = listener.unlisten(&statements::run_channel(run_id)).await;
                     }
                 }
@@ -127,10 +147,22 @@ async fn run(mut listener: PgListener, mut rx: mpsc::UnboundedReceiver<Cmd>, wai
                 Err(e) => {
                     tracing::debug!(error = %e, "run listener error; reconnecting");
                     // Wake everyone: a notification may have been lost while disconnected.
-                    for e in waiters.lock().expect("waiters lock").values() {
-                        e.notify.notify_waiters();
-                    }
+                    let waited: Vec<Uuid> = {
+                        let map = waiters.lock().expect("waiters lock");
+                        for e in map.values() {
+                            e.notify.notify_waiters();
+                        }
+                        map.keys().copied().collect()
+                    };
                     tokio::time::sleep(Duration::from_millis(200)).await;
+                    // The new session watches again (the old one's registrations go with it); a failure
+                    // here leaves those waiters to their poll.
+                    for run_id in waited {
+                        if let Err(e) = watch(&mut listener, run_id).await {
+                            tracing::debug!(%run_id, error = %e, "watch_run failed after reconnecting");
+                            break;
+                        }
+                    }
                 }
             },
         }

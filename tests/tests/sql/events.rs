@@ -46,6 +46,13 @@ async fn run_events_arrive_on_the_run_channel_without_supabase() {
 
     let mut listener = PgListener::connect(db.url()).await.unwrap();
     listener.listen(&channel).await.unwrap();
+    // Watched before it exists (the caller chose the run id): run:started is sent too.
+    let status: Option<String> = sqlx::query_scalar("select pgflow.watch_run($1)")
+        .bind(run)
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    assert_eq!(status, None, "no such run yet");
     sqlx::query("select pgflow.start_flow('noisy', '{}', $1)")
         .bind(run)
         .execute(pool)
@@ -172,4 +179,259 @@ async fn events_go_to_realtime_send_with_upstream_topics_and_payloads_when_it_ex
     let failed = &rows[5].2;
     assert_eq!(failed["error_message"], "nope");
     assert_eq!(failed["status"], "failed");
+}
+
+/// Starts a one-step run of `flow` with the given id, claims its task and completes it, on `pool`.
+async fn run_one_step(pool: &sqlx::PgPool, flow: &str, run: Uuid) {
+    sqlx::query("select pgflow.start_flow($1, '{}', $2)")
+        .bind(flow)
+        .bind(run)
+        .execute(pool)
+        .await
+        .unwrap();
+    claim(pool, flow, flow, 1).await;
+    assert_eq!(complete(pool, run, "a", 0, json!(1)).await, "completed");
+}
+
+/// The first notification on `channel` since the last call, `None` when there was none: everything up to a
+/// sentinel sent now.
+async fn first_event_before_sentinel(
+    pool: &sqlx::PgPool,
+    listener: &mut PgListener,
+    channel: &str,
+) -> Option<Value> {
+    sqlx::query("select pg_notify($1, '{\"event\": \"sentinel\"}')")
+        .bind(channel)
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut first = None;
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("a notification within 10 s")
+            .unwrap();
+        let payload: Value = serde_json::from_str(note.payload()).unwrap();
+        if payload["event"] == "sentinel" {
+            return first;
+        }
+        first.get_or_insert(payload);
+    }
+}
+
+#[tokio::test]
+async fn by_default_a_run_nobody_watches_sends_no_events_and_pgflow_notify_run_restores_them() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('quiet'); select pgflow.add_step('quiet', 'a');",
+    )
+    .await;
+    let unwatched = Uuid::new_v4();
+    let channel = format!("pgflow_run_{}", unwatched.simple());
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    run_one_step(pool, "quiet", unwatched).await;
+    assert_eq!(
+        first_event_before_sentinel(pool, &mut listener, &channel).await,
+        None,
+        "listening alone is not watching: no run:started, no run:completed"
+    );
+
+    // The old default, every run's run events, is the mode 'run' of the emitting sessions.
+    let all = Uuid::new_v4();
+    let channel = format!("pgflow_run_{}", all.simple());
+    listener.listen(&channel).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("set pgflow.notify = 'run'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("select pgflow.start_flow('quiet', '{}', $1)")
+        .bind(all)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("reset pgflow.notify")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(
+        first_event_before_sentinel(pool, &mut listener, &channel)
+            .await
+            .map(|p| p["event"].clone()),
+        Some(json!("run:started"))
+    );
+}
+
+#[tokio::test]
+async fn a_watch_gets_the_events_after_it_until_unwatched() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('seen'); select pgflow.add_step('seen', 'a');
+         select pgflow.add_step('seen', 'b', array['a']);",
+    )
+    .await;
+    let run = Uuid::new_v4();
+    sqlx::query("select pgflow.start_flow('seen', '{}', $1)")
+        .bind(run)
+        .execute(pool)
+        .await
+        .unwrap();
+    let channel = format!("pgflow_run_{}", run.simple());
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener.listen(&channel).await.unwrap();
+    let status: Option<String> = sqlx::query_scalar("select pgflow.watch_run($1)")
+        .bind(run)
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    assert_eq!(status.as_deref(), Some("started"));
+    // Watching twice is one registration.
+    sqlx::query("select pgflow.watch_run($1)")
+        .bind(run)
+        .execute(&mut listener)
+        .await
+        .unwrap();
+    let watchers: i64 =
+        sqlx::query_scalar("select count(*) from pgflow.run_watchers where run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(watchers, 1);
+
+    // Unwatched again: the run's completion sends nothing.
+    sqlx::query("select pgflow.unwatch_run($1)")
+        .bind(run)
+        .execute(&mut listener)
+        .await
+        .unwrap();
+    claim(pool, "seen", "seen", 1).await;
+    complete(pool, run, "a", 0, json!(1)).await;
+    claim(pool, "seen", "seen", 1).await;
+    complete(pool, run, "b", 0, json!(2)).await;
+    assert_eq!(
+        first_event_before_sentinel(pool, &mut listener, &channel).await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn a_watch_waits_for_a_completion_in_flight_and_reads_its_result() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('race'); select pgflow.add_step('race', 'a');",
+    )
+    .await;
+    let run = Uuid::new_v4();
+    sqlx::query("select pgflow.start_flow('race', '{}', $1)")
+        .bind(run)
+        .execute(pool)
+        .await
+        .unwrap();
+    claim(pool, "race", "race", 1).await;
+
+    // A completion that has checked for watchers (there are none) but not committed yet.
+    let mut completing = pool.begin().await.unwrap();
+    sqlx::query("select pgflow.complete_task($1, 'a', 0, '1')")
+        .bind(run)
+        .execute(&mut *completing)
+        .await
+        .unwrap();
+    let mut listener = PgListener::connect(db.url()).await.unwrap();
+    listener
+        .listen(&format!("pgflow_run_{}", run.simple()))
+        .await
+        .unwrap();
+    let watcher_pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut listener)
+        .await
+        .unwrap();
+    let watch = tokio::spawn(async move {
+        let status: Option<String> = sqlx::query_scalar("select pgflow.watch_run($1)")
+            .bind(run)
+            .fetch_one(&mut listener)
+            .await
+            .unwrap();
+        status
+    });
+    // The watch waits on the run row the completion holds.
+    pgflow_tests::wait_until(
+        Duration::from_secs(10),
+        "watch_run waiting for the completion's run row",
+        || async {
+            let blocked: bool = sqlx::query_scalar("select cardinality(pg_blocking_pids($1)) > 0")
+                .bind(watcher_pid)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            blocked
+        },
+    )
+    .await;
+    completing.commit().await.unwrap();
+    // So it reads the completed run: a waiter that watches and then reads misses nothing.
+    assert_eq!(watch.await.unwrap().as_deref(), Some("completed"));
+}
+
+#[tokio::test]
+async fn maintenance_removes_the_watches_of_sessions_that_have_ended() {
+    let db = test_db().await;
+    let pool = db.pool();
+    exec(
+        pool,
+        "select pgflow.create_flow('gone'); select pgflow.add_step('gone', 'a');",
+    )
+    .await;
+    let run = start(pool, "gone", json!({})).await;
+    let mut ended = PgListener::connect(db.url()).await.unwrap();
+    sqlx::query("select pgflow.watch_run($1)")
+        .bind(run)
+        .execute(&mut ended)
+        .await
+        .unwrap();
+    let ended_pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut ended)
+        .await
+        .unwrap();
+    drop(ended);
+    let mut live = pool.acquire().await.unwrap();
+    sqlx::query("select pgflow.watch_run($1)")
+        .bind(run)
+        .execute(&mut *live)
+        .await
+        .unwrap();
+    pgflow_tests::wait_until(
+        Duration::from_secs(10),
+        "the watching session to end",
+        || async {
+            let alive: bool =
+                sqlx::query_scalar("select exists (select 1 from pg_stat_activity where pid = $1)")
+                    .bind(ended_pid)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            !alive
+        },
+    )
+    .await;
+    exec(pool, "select pgflow.run_maintenance()").await;
+    let pids: Vec<i32> =
+        sqlx::query_scalar("select backend_pid from pgflow.run_watchers where run_id = $1")
+            .bind(run)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    let live_pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&mut *live)
+        .await
+        .unwrap();
+    assert_eq!(pids, [live_pid]);
 }

@@ -182,6 +182,8 @@ async fn an_exchange_creating_tasks_does_not_hold_back_the_signal_of_a_new_run()
     let db = test_db().await;
     let pool = db.pool();
     let worker = setup(pool).await;
+    // A second worker of the queue, which the exchange's signal is for.
+    register(pool, Uuid::new_v4(), "dia", "dia", "dia", None).await;
     let run = start(pool, "dia", json!({})).await;
     let first = exchange(pool, worker, &[], 4).await;
     assert_eq!(outcomes(&first), [("claimed".into(), Some("a".into()))]);
@@ -232,4 +234,106 @@ async fn an_exchange_creating_tasks_does_not_hold_back_the_signal_of_a_new_run()
     .await
     .unwrap();
     assert_eq!(sources, ["exchange", "other"]);
+}
+
+#[tokio::test]
+async fn an_exchange_signals_a_queue_only_when_another_live_worker_serves_it() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let mut listener = PgListener::connect_with(pool).await.unwrap();
+    listener.listen("pgflow_queue_signal").await.unwrap();
+    // The first signal since the last call, `None` when there was none: everything up to a sentinel sent now.
+    async fn next_signal(pool: &PgPool, listener: &mut PgListener) -> Option<String> {
+        exec(pool, "select pg_notify('pgflow_queue_signal', 'sentinel')").await;
+        let mut first = None;
+        loop {
+            let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+                .await
+                .expect("a notification within 10 s")
+                .unwrap();
+            if note.payload() == "sentinel" {
+                return first;
+            }
+            first.get_or_insert_with(|| note.payload().to_string());
+        }
+    }
+    // Signals are throttled per queue and source: start each step with none recent.
+    exec(
+        pool,
+        "update pgflow.queue_signals set signaled_at = '-infinity'",
+    )
+    .await;
+    let run = start(pool, "dia", json!({})).await;
+    assert_eq!(
+        next_signal(pool, &mut listener).await.as_deref(),
+        Some("dia")
+    );
+    exchange(pool, worker, &[], 4).await;
+
+    // Alone on the queue: recording `a` creates b and c and signals nobody (the worker claims them itself).
+    exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
+    assert_eq!(next_signal(pool, &mut listener).await, None);
+
+    // A stopped worker, a deprecated one and one whose heartbeat is past the liveness window do not count.
+    for (column, value) in [
+        ("stopped_at", "now()"),
+        ("deprecated_at", "now()"),
+        ("last_heartbeat_at", "now() - interval '1 hour'"),
+    ] {
+        let other = Uuid::new_v4();
+        register(pool, other, "dia", "dia", "dia", None).await;
+        sqlx::query(&format!(
+            "update pgflow.workers set {column} = {value} where worker_id = $1"
+        ))
+        .bind(other)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+    // Signals are throttled per queue and source: start each step with none recent.
+    exec(
+        pool,
+        "update pgflow.queue_signals set signaled_at = '-infinity'",
+    )
+    .await;
+    let run = start(pool, "dia", json!({})).await;
+    assert_eq!(
+        next_signal(pool, &mut listener).await.as_deref(),
+        Some("dia")
+    );
+    // Claims the new run's `a` (and what earlier runs left queued).
+    let claimed = exchange(pool, worker, &[], 10).await;
+    assert!(outcomes(&claimed).contains(&("claimed".into(), Some("a".into()))));
+    let done = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
+    assert_eq!(outcomes(&done), [("applied".into(), Some("a".into()))]);
+    assert_eq!(next_signal(pool, &mut listener).await, None);
+
+    // A live second worker on the queue: the exchange's new tasks wake it.
+    register(pool, Uuid::new_v4(), "dia", "dia", "dia", None).await;
+    // Signals are throttled per queue and source: start each step with none recent.
+    exec(
+        pool,
+        "update pgflow.queue_signals set signaled_at = '-infinity'",
+    )
+    .await;
+    let run = start(pool, "dia", json!({})).await;
+    assert_eq!(
+        next_signal(pool, &mut listener).await.as_deref(),
+        Some("dia")
+    );
+    // Claims the new run's `a` (and what earlier runs left queued).
+    let claimed = exchange(pool, worker, &[], 10).await;
+    assert!(outcomes(&claimed).contains(&("claimed".into(), Some("a".into()))));
+    exec(
+        pool,
+        "update pgflow.queue_signals set signaled_at = '-infinity'",
+    )
+    .await;
+    let done = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
+    assert_eq!(outcomes(&done), [("applied".into(), Some("a".into()))]);
+    assert_eq!(
+        next_signal(pool, &mut listener).await.as_deref(),
+        Some("dia")
+    );
 }

@@ -225,6 +225,11 @@ async fn each_run_started_together_sends_its_own_run_started_event() {
             .listen(&format!("pgflow_run_{}", run.simple()))
             .await
             .unwrap();
+        sqlx::query("select pgflow.watch_run($1)")
+            .bind(run)
+            .execute(&mut listener)
+            .await
+            .unwrap();
     }
     sqlx::query("select pgflow.start_flows('mixed', $1, $2)")
         .bind([json!([1]), json!([2])])
