@@ -28,6 +28,60 @@ pub(crate) struct BenchDb {
 pub(crate) const START_RUNS: &str =
     "select run_id from pgflow.start_flows($1, array_fill($2::jsonb, array[$3]))";
 
+/// WAL the benchmark's own cluster writes and keeps for reuse before it measures anything.
+const WARM_WAL: &str = "512MB";
+
+/// Gives a new cluster the WAL files of a server that has been running: `WARM_WAL` of them, written once and
+/// kept for reuse (`min_wal_size`). A new cluster has one WAL file and creates each next one when the last
+/// fills up, writing 16 MB of zeros and syncing them while every commit waits: at the latency scenarios' rates,
+/// a stall of about 100 ms every second or so. A server that has run for a while recycles its old files
+/// instead (checkpoints rename them), as it does here after this.
+async fn warm_wal(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!("alter system set min_wal_size = '{WARM_WAL}'"))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("select pg_reload_conf()")
+        .execute(&mut *conn)
+        .await?;
+    let target: i64 = sqlx::query_scalar("select pg_size_bytes($1)")
+        .bind(WARM_WAL)
+        .fetch_one(&mut *conn)
+        .await?;
+    let start: String = sqlx::query_scalar("select pg_current_wal_insert_lsn()::text")
+        .fetch_one(&mut *conn)
+        .await?;
+    sqlx::query("create table bench_wal_warmup (pad text)")
+        .execute(&mut *conn)
+        .await?;
+    loop {
+        let written: i64 =
+            sqlx::query_scalar("select (pg_current_wal_insert_lsn() - $1::pg_lsn)::bigint")
+                .bind(&start)
+                .fetch_one(&mut *conn)
+                .await?;
+        if written >= target {
+            break;
+        }
+        // Incompressible-enough rows (no TOAST compression gain), 16 MB of WAL per statement.
+        sqlx::query(
+            "insert into bench_wal_warmup select repeat(md5(g::text), 60) from generate_series(1, 8000) g",
+        )
+        .execute(&mut *conn)
+        .await?;
+    }
+    sqlx::query("drop table bench_wal_warmup")
+        .execute(&mut *conn)
+        .await?;
+    // Two checkpoints: the files before the first one's start are recycled by the second.
+    for _ in 0..2 {
+        sqlx::query("select pg_switch_wal()")
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("checkpoint").execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
 impl BenchDb {
     /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
     /// PGMQ and pgflow installed.
@@ -57,6 +111,9 @@ impl BenchDb {
             .execute(&mut conn)
             .await?;
         }
+        if temp.is_some() {
+            warm_wal(&mut conn).await?;
+        }
         conn.close().await?;
         let options = admin.database(&name);
         let pool = PgPoolOptions::new()
@@ -70,7 +127,8 @@ impl BenchDb {
             .await?;
         let settings: String = sqlx::query_scalar(
             "select string_agg(name || '=' || setting, ', ' order by name) from pg_settings \
-             where name in ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'max_connections')",
+             where name in ('fsync', 'synchronous_commit', 'full_page_writes', 'shared_buffers', 'max_connections', \
+             'min_wal_size')",
         )
         .fetch_one(&pool)
         .await?;
