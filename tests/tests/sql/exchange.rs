@@ -236,6 +236,42 @@ async fn an_exchange_creating_tasks_does_not_hold_back_the_signal_of_a_new_run()
     assert_eq!(sources, ["exchange", "other"]);
 }
 
+/// The first queue signal since the last call, `None` when there was none: everything up to a sentinel sent now.
+async fn next_signal(pool: &PgPool, listener: &mut PgListener) -> Option<String> {
+    exec(pool, "select pg_notify('pgflow_queue_signal', 'sentinel')").await;
+    let mut first = None;
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("a notification within 10 s")
+            .unwrap();
+        if note.payload() == "sentinel" {
+            return first;
+        }
+        first.get_or_insert_with(|| note.payload().to_string());
+    }
+}
+
+/// Starts a run (its signal checked), claims its `a` and records it in an exchange of `worker`: the signal that
+/// exchange sent, if any. Signals are throttled per queue and source, so none is recent before each send.
+async fn signal_of_recording_a(
+    pool: &PgPool,
+    listener: &mut PgListener,
+    worker: Uuid,
+) -> Option<String> {
+    let reset = "update pgflow.queue_signals set signaled_at = '-infinity'";
+    exec(pool, reset).await;
+    let run = start(pool, "dia", json!({})).await;
+    assert_eq!(next_signal(pool, listener).await.as_deref(), Some("dia"));
+    // Claims the new run's `a` (and whatever earlier runs left queued).
+    let claimed = exchange(pool, worker, &[], 10).await;
+    assert!(outcomes(&claimed).contains(&("claimed".into(), Some("a".into()))));
+    exec(pool, reset).await;
+    let done = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
+    assert_eq!(outcomes(&done), [("applied".into(), Some("a".into()))]);
+    next_signal(pool, listener).await
+}
+
 #[tokio::test]
 async fn an_exchange_signals_a_queue_only_when_another_live_worker_serves_it() {
     let db = test_db().await;
@@ -243,37 +279,12 @@ async fn an_exchange_signals_a_queue_only_when_another_live_worker_serves_it() {
     let worker = setup(pool).await;
     let mut listener = PgListener::connect_with(pool).await.unwrap();
     listener.listen("pgflow_queue_signal").await.unwrap();
-    // The first signal since the last call, `None` when there was none: everything up to a sentinel sent now.
-    async fn next_signal(pool: &PgPool, listener: &mut PgListener) -> Option<String> {
-        exec(pool, "select pg_notify('pgflow_queue_signal', 'sentinel')").await;
-        let mut first = None;
-        loop {
-            let note = tokio::time::timeout(Duration::from_secs(10), listener.recv())
-                .await
-                .expect("a notification within 10 s")
-                .unwrap();
-            if note.payload() == "sentinel" {
-                return first;
-            }
-            first.get_or_insert_with(|| note.payload().to_string());
-        }
-    }
-    // Signals are throttled per queue and source: start each step with none recent.
-    exec(
-        pool,
-        "update pgflow.queue_signals set signaled_at = '-infinity'",
-    )
-    .await;
-    let run = start(pool, "dia", json!({})).await;
-    assert_eq!(
-        next_signal(pool, &mut listener).await.as_deref(),
-        Some("dia")
-    );
-    exchange(pool, worker, &[], 4).await;
 
     // Alone on the queue: recording `a` creates b and c and signals nobody (the worker claims them itself).
-    exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
-    assert_eq!(next_signal(pool, &mut listener).await, None);
+    assert_eq!(
+        signal_of_recording_a(pool, &mut listener, worker).await,
+        None
+    );
 
     // A stopped worker, a deprecated one and one whose heartbeat is past the liveness window do not count.
     for (column, value) in [
@@ -291,49 +302,17 @@ async fn an_exchange_signals_a_queue_only_when_another_live_worker_serves_it() {
         .await
         .unwrap();
     }
-    // Signals are throttled per queue and source: start each step with none recent.
-    exec(
-        pool,
-        "update pgflow.queue_signals set signaled_at = '-infinity'",
-    )
-    .await;
-    let run = start(pool, "dia", json!({})).await;
     assert_eq!(
-        next_signal(pool, &mut listener).await.as_deref(),
-        Some("dia")
+        signal_of_recording_a(pool, &mut listener, worker).await,
+        None
     );
-    // Claims the new run's `a` (and what earlier runs left queued).
-    let claimed = exchange(pool, worker, &[], 10).await;
-    assert!(outcomes(&claimed).contains(&("claimed".into(), Some("a".into()))));
-    let done = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
-    assert_eq!(outcomes(&done), [("applied".into(), Some("a".into()))]);
-    assert_eq!(next_signal(pool, &mut listener).await, None);
 
     // A live second worker on the queue: the exchange's new tasks wake it.
     register(pool, Uuid::new_v4(), "dia", "dia", "dia", None).await;
-    // Signals are throttled per queue and source: start each step with none recent.
-    exec(
-        pool,
-        "update pgflow.queue_signals set signaled_at = '-infinity'",
-    )
-    .await;
-    let run = start(pool, "dia", json!({})).await;
     assert_eq!(
-        next_signal(pool, &mut listener).await.as_deref(),
-        Some("dia")
-    );
-    // Claims the new run's `a` (and what earlier runs left queued).
-    let claimed = exchange(pool, worker, &[], 10).await;
-    assert!(outcomes(&claimed).contains(&("claimed".into(), Some("a".into()))));
-    exec(
-        pool,
-        "update pgflow.queue_signals set signaled_at = '-infinity'",
-    )
-    .await;
-    let done = exchange(pool, worker, &[(run, "a", 0, 1, json!("A"))], 0).await;
-    assert_eq!(outcomes(&done), [("applied".into(), Some("a".into()))]);
-    assert_eq!(
-        next_signal(pool, &mut listener).await.as_deref(),
+        signal_of_recording_a(pool, &mut listener, worker)
+            .await
+            .as_deref(),
         Some("dia")
     );
 }
