@@ -146,22 +146,19 @@ async fn run(mut listener: PgListener, mut rx: mpsc::UnboundedReceiver<Cmd>, wai
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "run listener error; reconnecting");
-                    // Wake everyone: a notification may have been lost while disconnected.
-                    let waited: Vec<Uuid> = {
-                        let map = waiters.lock().expect("waiters lock");
-                        for e in map.values() {
-                            e.notify.notify_waiters();
-                        }
-                        map.keys().copied().collect()
-                    };
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    // The new session watches again (the old one's registrations go with it); a failure
-                    // here leaves those waiters to their poll.
+                    // The new session watches every waited run again (maintenance removes the old
+                    // session's registrations once it is gone); a failure leaves the waiters to their poll.
+                    let waited: Vec<Uuid> = waiters.lock().expect("waiters lock").keys().copied().collect();
                     for run_id in waited {
                         if let Err(e) = watch(&mut listener, run_id).await {
                             tracing::debug!(%run_id, error = %e, "watch_run failed after reconnecting");
                             break;
                         }
+                    }
+                    // Then wake everyone to read their run again: an event may have been lost meanwhile.
+                    for e in waiters.lock().expect("waiters lock").values() {
+                        e.notify.notify_waiters();
                     }
                 }
             },
