@@ -9,8 +9,9 @@
 --
 -- Now a run's events are sent only while someone watches it:
 --   * pgflow.watch_run(run_id) registers the calling session as a watcher of the run and returns the run's
---     status (NULL when there is no such run yet: a caller that chooses the run id may watch first). LISTEN on pgflow.run_channel(run_id) first, then watch, then
---     read the run: a completion that committed before the watch is in the status; one after it notifies.
+--     status (NULL when there is no such run yet: a caller that chooses the run id may watch first). LISTEN
+--     on pgflow.run_channel(run_id) first, then watch, then read the run: a completion that committed before
+--     the watch is in the status; one after it notifies.
 --     To close the gap between a completion's check for watchers and its commit, watch_run takes the run
 --     row FOR SHARE: it waits for a completion of the run in flight, and a completion that starts after
 --     the watch waits for the watch to commit (row locks of the lock order, step 2; nothing else is locked).
