@@ -243,21 +243,13 @@ async fn by_default_a_run_nobody_watches_sends_no_events_and_pgflow_notify_run_r
     let all = Uuid::new_v4();
     let channel = format!("pgflow_run_{}", all.simple());
     listener.listen(&channel).await.unwrap();
-    let mut conn = pool.acquire().await.unwrap();
-    sqlx::query("set pgflow.notify = 'run'")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query("select pgflow.start_flow('quiet', '{}', $1)")
-        .bind(all)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    sqlx::query("reset pgflow.notify")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    drop(conn);
+    exec(
+        pool,
+        &format!(
+            "begin; set local pgflow.notify = 'run'; select pgflow.start_flow('quiet', '{{}}', '{all}'); commit;"
+        ),
+    )
+    .await;
     assert_eq!(
         first_event_before_sentinel(pool, &mut listener, &channel)
             .await
