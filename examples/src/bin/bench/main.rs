@@ -317,6 +317,10 @@ async fn main() -> ExitCode {
     }
 }
 
+/// How far the batched floor measured again after the latency runs may move from the first measurement
+/// for the run to count as quiet.
+const QUIET_WITHIN: f64 = 0.15;
+
 async fn run(args: &Args) -> Result<(), BenchError> {
     let started = Instant::now();
     let db = BenchDb::open(args.profile).await?;
@@ -425,6 +429,36 @@ async fn run(args: &Args) -> Result<(), BenchError> {
                 record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
             }
         }
+    }
+
+    // Host check: the batched floor again, at the highest K, now that the drains and latency runs are
+    // done. On shared cores the host's speed can change within minutes; a run is quiet only if this stays
+    // close to the first measurement.
+    let first_floor = floor_at(&rows, k_max, FloorKind::RelayBatched.label());
+    let latency_ran = rows.iter().any(|r| r.what.contains(" latency at "));
+    if let (Some(first), true) = (first_floor, latency_ran) {
+        db.settle().await?;
+        let again = floor::run(&db, FloorKind::RelayBatched, k_max, seconds).await?;
+        let change = again / first - 1.0;
+        let verdict = if change.abs() <= QUIET_WITHIN {
+            "quiet"
+        } else {
+            "NOT QUIET: the host's speed changed during the run"
+        };
+        let row = Row {
+            what: format!("host check: {}, again after the latency runs", FloorKind::RelayBatched.label()),
+            k: k_max,
+            value: again,
+            unit: "msg/s",
+            extra: format!(
+                "{:+.0} % against the first measurement ({first:.0} msg/s); {verdict} (a quiet run stays within ±{:.0} %)",
+                change * 100.0,
+                QUIET_WITHIN * 100.0
+            ),
+            wal: None,
+        };
+        eprintln!("{} K={k_max}: {again:.0} msg/s; {}", row.what, row.extra);
+        rows.push(row);
     }
 
     // Starvation: the community-threads burst in plain and step-queued modes.
