@@ -390,6 +390,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // Latency at fractions of the drain throughput (half by default), with the highest concurrency.
     let k_max = args.ks.iter().copied().max().unwrap_or(1);
+    let mut latency_ran = false;
     for driver in [
         Driver::SqlUpstreamStyle { k: k_max },
         Driver::Worker {
@@ -427,6 +428,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
                     starts.label()
                 );
                 record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+                latency_ran = true;
             }
         }
     }
@@ -435,7 +437,6 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // done. On shared cores the host's speed can change within minutes; a run is quiet only if this stays
     // close to the first measurement.
     let first_floor = floor_at(&rows, k_max, FloorKind::RelayBatched.label());
-    let latency_ran = rows.iter().any(|r| r.what.contains(" latency at "));
     if let (Some(first), true) = (first_floor, latency_ran) {
         db.settle().await?;
         let again = floor::run(&db, FloorKind::RelayBatched, k_max, seconds).await?;
