@@ -1,18 +1,27 @@
-//! Embeds every `migrations/NNNN_topic.sql` file, in file-name order, into the library.
-use std::{env, fs, path::PathBuf};
+//! Embeds every `migrations/NNNN_topic.sql` file and every `schema/*.sql` file, in file-name order, into the
+//! library.
+use std::{env, fs, path::Path, path::PathBuf};
 
-fn main() {
-    let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("migrations");
+fn sql_files(dir: &Path) -> Vec<PathBuf> {
     println!("cargo:rerun-if-changed={}", dir.display());
-    let mut files: Vec<PathBuf> = fs::read_dir(&dir)
-        .expect("pgflow-sql/migrations must exist")
-        .map(|entry| entry.expect("readable migrations dir").path())
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{} must exist: {e}", dir.display()))
+        .map(|entry| entry.expect("readable SQL directory").path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
         .collect();
     files.sort();
-    let mut out = String::from("&[\n");
     for path in &files {
         println!("cargo:rerun-if-changed={}", path.display());
+    }
+    files
+}
+
+fn main() {
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+
+    let mut migrations = String::from("&[\n");
+    for path in sql_files(&root.join("migrations")) {
         let stem = path.file_stem().unwrap().to_str().expect("utf-8 file name");
         let (version, name) = stem
             .split_once('_')
@@ -21,12 +30,22 @@ fn main() {
             version.len() == 4 && version.bytes().all(|b| b.is_ascii_digit()),
             "migration {stem} must start with a four-digit version"
         );
-        out.push_str(&format!(
+        migrations.push_str(&format!(
             "    Migration {{ version: {version:?}, name: {name:?}, sql: include_str!({:?}) }},\n",
             path.display().to_string()
         ));
     }
-    out.push(']');
-    let target = PathBuf::from(env::var("OUT_DIR").unwrap()).join("migrations.rs");
-    fs::write(target, out).expect("write migrations.rs");
+    migrations.push(']');
+    fs::write(out_dir.join("migrations.rs"), migrations).expect("write migrations.rs");
+
+    let mut schema = String::from("&[\n");
+    for path in sql_files(&root.join("schema")) {
+        let name = path.file_name().unwrap().to_str().expect("utf-8 file name");
+        schema.push_str(&format!(
+            "    SchemaFile {{ name: {name:?}, sql: include_str!({:?}) }},\n",
+            path.display().to_string()
+        ));
+    }
+    schema.push(']');
+    fs::write(out_dir.join("schema.rs"), schema).expect("write schema.rs");
 }

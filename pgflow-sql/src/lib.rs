@@ -1,9 +1,13 @@
 //! The pgflow SQL core as versioned, checksummed migrations, and the installer that applies them.
 //!
-//! The SQL lives as plain files in `pgflow-sql/migrations/`, applied in file-name order. Each file
-//! applies with `psql -v ON_ERROR_STOP=1 -f FILE` on a database that already has PGMQ; nothing is
-//! templated from Rust. [`install`] first makes sure PGMQ is present, then applies the pending
-//! migrations and records each version and checksum in `pgflow.schema_migrations`.
+//! The readable source of the SQL is `pgflow-sql/schema/`: one file per concern, each function
+//! defined once with its security and plan settings ([`SCHEMA`]). What the installer applies are the
+//! migrations in `pgflow-sql/migrations/`: a baseline that installs what `schema/` installed when it
+//! was created, then one delta per change since ([`MIGRATIONS`]). A test proves that both install
+//! the same catalog; `schema/README.md` has the workflow for the next change. Each file applies with
+//! `psql -v ON_ERROR_STOP=1 -f FILE` on a database that already has PGMQ; nothing is templated from
+//! Rust. [`install`] first makes sure PGMQ is present, then applies the pending migrations and
+//! records each version and checksum in `pgflow.schema_migrations`.
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), pgflow_sql::InstallError> {
@@ -18,6 +22,8 @@
 //! [`names`] states the slug and queue-name rules of this SQL in plain Rust. The installer is the
 //! default feature `install`; without it the crate depends on nothing but `thiserror`.
 
+#[cfg(feature = "install")]
+mod legacy;
 pub mod names;
 #[cfg(feature = "throwaway")]
 pub mod throwaway;
@@ -54,6 +60,31 @@ impl Migration {
 /// Every migration of this build, in the order they apply.
 pub const MIGRATIONS: &[Migration] = include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
 
+/// One file of `pgflow-sql/schema/`, the readable source of the SQL core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaFile {
+    /// The file name (`07_claims.sql`).
+    pub name: &'static str,
+    /// The SQL text, exactly as in the file.
+    pub sql: &'static str,
+}
+
+/// Every file of `pgflow-sql/schema/`, in name order. Applied in this order after PGMQ, they install
+/// exactly what [`MIGRATIONS`] install (the equality test in `tests/tests/install.rs` checks it).
+pub const SCHEMA: &[SchemaFile] = include!(concat!(env!("OUT_DIR"), "/schema.rs"));
+
+/// The files of [`SCHEMA`] as one script, after the installer's bookkeeping table, so that a database
+/// built from it has the same catalog as one built from the migrations (PGMQ excluded). For tests
+/// and for reading; installs go through [`install`], which applies [`MIGRATIONS`].
+pub fn schema_script() -> String {
+    let mut script = String::from(CREATE_MIGRATIONS_TABLE);
+    for file in SCHEMA {
+        script.push_str(&format!("\n-- ==== schema/{} ====\n", file.name));
+        script.push_str(file.sql);
+    }
+    script
+}
+
 /// The newest migration version this build knows.
 pub fn latest_version() -> &'static str {
     MIGRATIONS.last().map_or("0000", |m| m.version)
@@ -72,6 +103,9 @@ pub struct InstallReport {
     pub pgmq: PgmqStatus,
     /// Versions applied by this call, in order. Empty when the schema was already current.
     pub applied: Vec<String>,
+    /// True when this call found the final state of the unreleased development migrations 0001–0030
+    /// and recorded it as the baseline (their catalogs are identical) before applying the rest.
+    pub upgraded_development_schema: bool,
 }
 
 /// How [`install`] found PGMQ.
@@ -133,6 +167,20 @@ pub enum InstallError {
         /// Checksum of the file in this build.
         file_checksum: String,
     },
+    /// The database was installed by the unreleased development migrations that the baseline
+    /// replaced, but not exactly by their final set: it cannot be upgraded in place.
+    #[error(
+        "pgflow install: the database's pgflow schema was installed by unreleased development migrations \
+         ({found:?}) that are not exactly the 30 whose final state the baseline equals (0001..0030, \
+         unmodified), so it cannot be upgraded in place and nothing was changed; either install it first \
+         with the pgflow-rs release that wrote those migrations (it finishes them up to 0030) and run this \
+         installer again, or, if its runs and flows can be lost, `drop schema pgflow cascade` and install \
+         again"
+    )]
+    DevelopmentSchema {
+        /// The recorded migrations, as `NNNN_name`.
+        found: Vec<String>,
+    },
     /// A migration's SQL failed.
     #[error("pgflow install: migration {file} failed: {source}")]
     Migration {
@@ -155,8 +203,12 @@ pub enum InstallError {
 pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
     let pgmq = ensure_pgmq(pool).await?;
     let mut conn = pool.acquire().await?;
-    let applied = apply_migrations(&mut conn).await?;
-    Ok(InstallReport { pgmq, applied })
+    let (applied, upgraded_development_schema) = apply_migrations(&mut conn).await?;
+    Ok(InstallReport {
+        pgmq,
+        applied,
+        upgraded_development_schema,
+    })
 }
 
 /// Make sure PGMQ is installed on the database behind `pool`, and nothing else: `CREATE EXTENSION
@@ -195,8 +247,12 @@ pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, Instal
     let pgmq = ensure_pgmq_extension(conn)
         .await?
         .ok_or(InstallError::PgmqMissing)?;
-    let applied = apply_migrations(conn).await?;
-    Ok(InstallReport { pgmq, applied })
+    let (applied, upgraded_development_schema) = apply_migrations(conn).await?;
+    Ok(InstallReport {
+        pgmq,
+        applied,
+        upgraded_development_schema,
+    })
 }
 
 /// The versions recorded in `pgflow.schema_migrations`, oldest first; empty when pgflow is absent.
@@ -254,7 +310,6 @@ async fn pgmq_present(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         .await
 }
 
-#[cfg(feature = "install")]
 const CREATE_MIGRATIONS_TABLE: &str = "\
 create schema if not exists pgflow;
 create table if not exists pgflow.schema_migrations (
@@ -265,18 +320,22 @@ create table if not exists pgflow.schema_migrations (
 );";
 
 #[cfg(feature = "install")]
-async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
+async fn apply_migrations(conn: &mut PgConnection) -> Result<(Vec<String>, bool), InstallError> {
     let mut tx = conn.begin().await?;
     sqlx::query("select pg_advisory_xact_lock($1)")
         .bind(INSTALL_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
     sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(CREATE_MIGRATIONS_TABLE)).await?;
-    let recorded: Vec<(String, String, String)> = sqlx::query_as(
+    let mut recorded: Vec<(String, String, String)> = sqlx::query_as(
         "select version, name, checksum from pgflow.schema_migrations order by version",
     )
     .fetch_all(&mut *tx)
     .await?;
+    let upgraded = legacy::is_development_schema(&recorded)?;
+    if upgraded {
+        recorded = legacy::record_as_baseline(&mut tx).await?;
+    }
 
     let unknown: Vec<String> = recorded
         .iter()
@@ -335,7 +394,7 @@ async fn apply_migrations(conn: &mut PgConnection) -> Result<Vec<String>, Instal
         applied.push(migration.version.to_owned());
     }
     tx.commit().await?;
-    Ok(applied)
+    Ok((applied, upgraded))
 }
 
 /// The complete pgflow install script (PGMQ excluded), for teams that apply SQL through their own
@@ -391,7 +450,7 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(versions, sorted);
-        assert_eq!(MIGRATIONS[0].file_name(), "0001_pgflow_schema.sql");
+        assert_eq!(MIGRATIONS[0].file_name(), "0001_baseline.sql");
     }
 
     #[test]

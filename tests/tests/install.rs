@@ -26,7 +26,7 @@ async fn installing_twice_is_a_no_op_the_second_time() {
     );
     assert_eq!(first.applied, all_versions());
 
-    let before = schema_fingerprint(db.pool()).await;
+    let before = catalog(db.pool()).await;
     let second = pgflow_sql::install(db.pool()).await.unwrap();
     assert_eq!(second.pgmq, PgmqStatus::AlreadyPresent);
     assert!(
@@ -34,7 +34,11 @@ async fn installing_twice_is_a_no_op_the_second_time() {
         "second install applied {:?}",
         second.applied
     );
-    assert_eq!(schema_fingerprint(db.pool()).await, before);
+    assert_catalogs_equal(
+        &catalog(db.pool()).await,
+        &before,
+        "after the second install",
+    );
     assert_eq!(applied(db.pool()).await, all_versions());
 }
 
@@ -270,9 +274,12 @@ async fn the_printed_install_script_applied_with_psql_gives_the_same_schema_as_i
     let report = pgflow_sql::install(by_install.pool()).await.unwrap();
     assert_eq!(report.applied, all_versions());
 
-    let expected = schema_fingerprint(by_install.pool()).await;
-    assert!(expected.len() > 3, "the fingerprint covers the schema");
-    assert_eq!(schema_fingerprint(by_script.pool()).await, expected);
+    assert_catalogs_equal(
+        &catalog(by_script.pool()).await,
+        &catalog(by_install.pool()).await,
+        "script (left) and install (right)",
+    );
+    assert_eq!(applied(by_script.pool()).await, all_versions());
     // install() recognises a script-installed database as current.
     assert!(pgflow_sql::install(by_script.pool())
         .await
@@ -281,37 +288,166 @@ async fn the_printed_install_script_applied_with_psql_gives_the_same_schema_as_i
         .is_empty());
 }
 
-/// Every object of schema `pgflow`, described by its catalog definition, plus the recorded migrations.
-async fn schema_fingerprint(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar(
-        r#"
-        select 'relation ' || c.relname || ' ' || c.relkind::text || ' ' ||
-               coalesce((select string_agg(a.attname || ':' || format_type(a.atttypid, a.atttypmod) || ':' ||
-                                           a.attnotnull || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), ''), ',' order by a.attnum)
-                         from pg_attribute a left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
-                         where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '')
-        from pg_class c join pg_namespace n on n.oid = c.relnamespace
-        where n.nspname = 'pgflow' and c.relkind in ('r', 'v', 'm', 'S', 'c', 'p')
-        union all
-        select 'index ' || pg_get_indexdef(i.indexrelid)
-        from pg_index i join pg_class c on c.oid = i.indrelid join pg_namespace n on n.oid = c.relnamespace
-        where n.nspname = 'pgflow'
-        union all
-        select 'constraint ' || conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
-        from pg_constraint where connamespace = 'pgflow'::regnamespace
-        union all
-        select 'function ' || pg_get_functiondef(p.oid)
-        from pg_proc p where p.pronamespace = 'pgflow'::regnamespace and p.prokind in ('f', 'p')
-        union all
-        select 'trigger ' || pg_get_triggerdef(t.oid)
-        from pg_trigger t join pg_class c on c.oid = t.tgrelid
-        where c.relnamespace = 'pgflow'::regnamespace and not t.tgisinternal
-        union all
-        select 'migration ' || version || ' ' || name || ' ' || checksum from pgflow.schema_migrations
-        order by 1
-        "#,
+/// The schema files, applied in name order after PGMQ, install exactly what the migrations install:
+/// every function (definition, SECURITY DEFINER, SET options, ACL), table, column, default, constraint,
+/// index, trigger, view and type, and the table and schema ACLs.
+#[tokio::test]
+async fn schema_matches_migrations() {
+    let by_migrations = db_with(Contents::Pgflow).await;
+    let by_schema = db_with(Contents::Pgmq).await;
+    sqlx::raw_sql(&pgflow_sql::schema_script())
+        .execute(by_schema.pool())
+        .await
+        .unwrap_or_else(|e| panic!("applying pgflow-sql/schema/ failed: {e}"));
+    let expected = catalog(by_migrations.pool()).await;
+    assert!(
+        expected
+            .keys()
+            .filter(|(kind, _)| kind == "function")
+            .count()
+            > 100,
+        "the catalog covers the functions"
+    );
+    assert_catalogs_equal(
+        &catalog(by_schema.pool()).await,
+        &expected,
+        "pgflow-sql/schema/ (left) and pgflow-sql/migrations/ (right)",
+    );
+}
+
+/// The comparison itself fails on a difference and names the object, so the test above cannot pass
+/// vacuously.
+#[tokio::test]
+async fn the_catalog_comparison_names_what_differs() {
+    let db = db_with(Contents::Pgflow).await;
+    let before = catalog(db.pool()).await;
+    sqlx::raw_sql(
+        "alter function pgflow.start_flow(text, jsonb, uuid) set work_mem = '8MB';
+         grant select on pgflow.flows to public;",
     )
-    .fetch_all(pool)
+    .execute(db.pool())
     .await
-    .unwrap()
+    .unwrap();
+    let after = catalog(db.pool()).await;
+    let differences = catalog_differences(&after, &before);
+    assert_eq!(differences.len(), 2, "{differences:#?}");
+    assert!(differences[0].contains("function pgflow.start_flow(text,jsonb,uuid)"));
+    assert!(
+        differences[1].contains("relation flows"),
+        "{differences:#?}"
+    );
+}
+
+/// A database installed by the unreleased development migrations 0001–0030 is upgraded in place: its
+/// records become the baseline's, the later migrations apply, and its catalog then equals a fresh
+/// install's. Its data stays.
+#[tokio::test]
+async fn a_development_install_is_upgraded_in_place() {
+    let old = db_with(Contents::Pgmq).await;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/development_migrations_0001_0030.sql");
+    run_psql(&old, &["-1"], Some(&fixture));
+    // Data that creates no objects (a flow would create its queue), so the catalogs stay comparable.
+    sqlx::query("insert into pgflow.worker_functions (function_name) values ('kept')")
+        .execute(old.pool())
+        .await
+        .unwrap();
+
+    let report = pgflow_sql::install(old.pool()).await.unwrap();
+    assert!(report.upgraded_development_schema);
+    assert_eq!(report.applied, all_versions()[1..].to_vec());
+    assert_eq!(applied(old.pool()).await, all_versions());
+
+    let fresh = db_with(Contents::Pgflow).await;
+    assert_catalogs_equal(
+        &catalog(old.pool()).await,
+        &catalog(fresh.pool()).await,
+        "upgraded development install (left) and fresh install (right)",
+    );
+    let kept: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.worker_functions where function_name = 'kept'",
+    )
+    .fetch_one(old.pool())
+    .await
+    .unwrap();
+    assert_eq!(kept, 1);
+    let again = pgflow_sql::install(old.pool()).await.unwrap();
+    assert!(!again.upgraded_development_schema && again.applied.is_empty());
+}
+
+/// A database with only some of the development migrations (or an edited one) is refused with an
+/// error that says what to do, and nothing changes.
+#[tokio::test]
+async fn a_partial_development_install_is_refused_and_left_as_it_was() {
+    let old = db_with(Contents::Pgmq).await;
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/development_migrations_0001_0030.sql");
+    run_psql(&old, &["-1"], Some(&fixture));
+    // As if the last development migration had never been applied.
+    sqlx::query("delete from pgflow.schema_migrations where version = '0030'")
+        .execute(old.pool())
+        .await
+        .unwrap();
+    let before = catalog(old.pool()).await;
+    let recorded = applied(old.pool()).await;
+
+    let err = pgflow_sql::install(old.pool()).await.unwrap_err();
+    assert!(
+        matches!(&err, InstallError::DevelopmentSchema { found } if found.len() == 29),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("unreleased development migrations"),
+        "{message}"
+    );
+    assert!(message.contains("drop schema pgflow cascade"), "{message}");
+    assert_eq!(applied(old.pool()).await, recorded);
+    assert_catalogs_equal(&catalog(old.pool()).await, &before, "after the refusal");
+}
+
+type Catalog = std::collections::BTreeMap<(String, String), String>;
+
+/// Every object of schema `pgflow`, keyed by (kind, name), with its catalog definition: functions
+/// (definition, SECURITY DEFINER, SET options, ACL, comment), relations (kind, persistence, options,
+/// ACL, comment, view definition), columns (position, type, NOT NULL, default, ACL), constraints,
+/// indexes, triggers, types, the schema's ACL and comment, and default privileges.
+async fn catalog(pool: &PgPool) -> Catalog {
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as(include_str!("../fixtures/catalog.sql"))
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(kind, name, detail)| ((kind, name), detail))
+        .collect()
+}
+
+fn catalog_differences(left: &Catalog, right: &Catalog) -> Vec<String> {
+    let mut differences = Vec::new();
+    for key in left
+        .keys()
+        .chain(right.keys().filter(|k| !left.contains_key(*k)))
+    {
+        let (kind, name) = key;
+        match (left.get(key), right.get(key)) {
+            (Some(_), None) => differences.push(format!("{kind} {name}: only on the left")),
+            (None, Some(_)) => differences.push(format!("{kind} {name}: only on the right")),
+            (Some(l), Some(r)) if l != r => differences.push(format!(
+                "{kind} {name} differs:\n--- left\n{l}\n--- right\n{r}"
+            )),
+            _ => {}
+        }
+    }
+    differences
+}
+
+#[track_caller]
+fn assert_catalogs_equal(left: &Catalog, right: &Catalog, what: &str) {
+    let differences = catalog_differences(left, right);
+    assert!(
+        differences.is_empty(),
+        "catalogs differ, {what}:\n{}",
+        differences.join("\n")
+    );
 }

@@ -1,33 +1,36 @@
--- pgflow-rs SQL core, migration 0014: least privilege.
+-- Privileges: nothing in schema pgflow is usable by PUBLIC; one list of functions per role.
 --
--- Nothing in schema pgflow is executable by PUBLIC. The entry points a worker or a client calls run with the
--- rights of their owner (the role that installed pgflow: SECURITY DEFINER, with an empty search_path), so the
+-- The entry points a worker or a client calls run with the rights of their owner (the role that installed
+-- pgflow: `security definer`, with an empty search_path, written in each function's own definition), so the
 -- roles that call them need EXECUTE on exactly those functions and no rights on the tables or on PGMQ.
--- pgflow.grant_worker_privileges(role) and pgflow.grant_client_privileges(role) grant exactly the documented
--- sets (OPERATIONS.md lists them); everything else (definitions, deletion, the fence's enable side, operator
--- decisions, retention of all history) stays with the owner.
+-- pgflow.grant_worker_privileges(role) and pgflow.grant_client_privileges(role) grant exactly the lists below
+-- (OPERATIONS.md shows the same lists); everything else (definitions, deletion, the fence's enable side,
+-- operator decisions, retention of all history) stays with the owner.
 
-revoke execute on all functions in schema pgflow from public;
-alter default privileges in schema pgflow revoke execute on functions from public;
+revoke all on schema pgflow from public;
 
 -- The functions a worker calls: compilation, registration and heartbeats, claiming, results, recovery and
--- retention. Signatures as regprocedure text; a later migration that adds one redefines this list.
+-- retention. Signatures as regprocedure text; a change that adds an entry point adds it here.
 create function pgflow._worker_api()
 returns text[]
 language sql
 immutable
 as $$
   select array[
-    'pgflow.ensure_flow_compiled(text,jsonb,boolean,text,jsonb)',
+    'pgflow.ensure_flow_compiled(text,jsonb,boolean,text,jsonb,text,boolean)',
+    'pgflow.activate_alias(text,text)',
     'pgflow.flow_routes(text)',
     'pgflow.resolve_step_queues(text,text[])',
-    'pgflow.register_worker(uuid,text,text,text,text)',
+    'pgflow.register_worker(uuid,text,text,text[],text[])',
+    'pgflow.queue_coverage_gaps(text,text[],text[])',
+    'pgflow.version_retirable(text,text)',
     'pgflow.track_worker_function(text)',
     'pgflow.worker_heartbeat(uuid)',
     'pgflow.mark_worker_stopped(uuid)',
     'pgflow.disable_worker_function(text,text)',
-    'pgflow.claim_tasks(text,text,text,bigint[],uuid)',
-    'pgflow.read_and_claim_tasks(text,text,text,integer,integer,uuid)',
+    'pgflow.claim_tasks(text,bigint[],uuid,text[],text[])',
+    'pgflow.read_and_claim_tasks(text,integer,integer,uuid,text[],text[])',
+    'pgflow.exchange(text,uuid,text[],text[],integer,integer,uuid[],text[],integer[],jsonb[],integer[])',
     'pgflow.start_tasks(text,bigint[],uuid)',
     'pgflow.start_tasks(text,bigint[],uuid,text)',
     'pgflow.set_vt_batch(text,bigint[],integer[])',
@@ -51,21 +54,14 @@ immutable
 as $$
   select array[
     'pgflow.start_flow(text,jsonb,uuid)',
+    'pgflow.start_flows(text,jsonb[],uuid[])',
     'pgflow.start_flow_with_states(text,jsonb,uuid)',
     'pgflow.get_run_with_states(uuid)',
-    'pgflow.run_channel(uuid)'
+    'pgflow.run_channel(uuid)',
+    'pgflow.resolve_flow_slug(text)',
+    'pgflow.watch_run(uuid)',
+    'pgflow.unwatch_run(uuid)'
   ]
-$$;
-
--- Entry points run with their owner's rights (each already has `set search_path = ''`).
-do $$
-declare
-  v_fn text;
-begin
-  foreach v_fn in array pgflow._worker_api() || pgflow._client_api() loop
-    execute format('alter function %s security definer', v_fn::regprocedure);
-  end loop;
-end;
 $$;
 
 -- Grants `role_name` what a pgflow-rs worker needs, and nothing more:
@@ -75,7 +71,6 @@ $$;
 create function pgflow.grant_worker_privileges(role_name text)
 returns void
 language plpgsql
-volatile
 set search_path = ''
 as $$
 declare
@@ -99,7 +94,6 @@ $$;
 create function pgflow.grant_client_privileges(role_name text)
 returns void
 language plpgsql
-volatile
 set search_path = ''
 as $$
 declare
@@ -114,3 +108,4 @@ end;
 $$;
 
 revoke execute on all functions in schema pgflow from public;
+alter default privileges in schema pgflow revoke execute on functions from public;

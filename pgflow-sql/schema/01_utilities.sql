@@ -1,8 +1,11 @@
--- pgflow-rs SQL core, migration 0002: small pure helpers that tables and functions build on.
+-- The pgflow schema, and small pure helpers that tables and functions build on.
 --
+-- Owns: the schema itself; slug validation; the retry-delay formula and its cap; the timing buffers of claims,
+-- stalls and recovery; the minimum interval between queue signals; the plan reset once the tables grow.
 -- Upstream interface: is_valid_slug, is_local, calculate_retry_delay.
--- Additions (documented in COMPATIBILITY.md): the retry-delay cap, the two timing buffers, the run notification
--- channel name.
+
+create schema if not exists pgflow;
+comment on schema pgflow is 'pgflow-rs: Postgres-native DAG workflows (upstream-compatible SQL core)';
 
 -- A slug is an identifier-like name: letter or underscore first, then letters, digits or underscores,
 -- at most 128 characters, and never the reserved word `run` (step inputs use step slugs as keys).
@@ -31,8 +34,7 @@ $$;
 create function pgflow.is_local()
 returns boolean
 language sql
-stable
-parallel safe
+stable parallel safe
 set search_path = ''
 as $$
   select coalesce(
@@ -45,20 +47,18 @@ $$;
 -- The longest delay, in seconds, that a retry may wait: one day. Both the computed backoff and a
 -- handler-chosen delay are capped at it.
 create function pgflow._max_retry_delay_seconds()
-returns int
+returns integer
 language sql
-immutable
-parallel safe
+immutable parallel safe
 as $$ select 86400 $$;
 
 -- Exponential backoff: the delay before the next attempt, after `attempts_count` attempts so far:
 -- base_delay * 2^attempts_count seconds, capped at pgflow._max_retry_delay_seconds() (one day). Computed in
 -- numeric with a bounded exponent, so no attempt count or base delay overflows; negative inputs count as 0.
-create function pgflow.calculate_retry_delay(base_delay numeric, attempts_count int)
-returns int
+create function pgflow.calculate_retry_delay(base_delay numeric, attempts_count integer)
+returns integer
 language sql
-immutable
-parallel safe
+immutable parallel safe
 set search_path = ''
 as $$
   select least(
@@ -78,39 +78,54 @@ $$;
 --
 -- "Effective step timeout" is always coalesce(steps.opt_timeout, flows.opt_timeout).
 create function pgflow._claim_visibility_buffer_seconds()
-returns int
+returns integer
 language sql
-immutable
-parallel safe
+immutable parallel safe
 as $$ select 2 $$;
 
 create function pgflow._stall_buffer_seconds()
-returns int
+returns integer
 language sql
-immutable
-parallel safe
+immutable parallel safe
 as $$ select 30 $$;
 
 -- The recovery boundary of a started task: from this moment on, requeue_stalled_tasks() may requeue it
 -- (started_at + effective step timeout + stall buffer). claim_tasks hides a duplicate message of a started
 -- task until exactly this moment, so claim visibility and stalled recovery share one rule.
 -- Computed in double precision, so a timeout near the int maximum cannot overflow.
-create function pgflow._recovery_boundary(p_started_at timestamptz, p_effective_timeout int)
-returns timestamptz
+create function pgflow._recovery_boundary(p_started_at timestamp with time zone, p_effective_timeout integer)
+returns timestamp with time zone
 language sql
-stable
-parallel safe
+stable parallel safe
 as $$
   select p_started_at
     + make_interval(secs => p_effective_timeout::float8 + pgflow._stall_buffer_seconds())
 $$;
 
--- The pg_notify channel carrying the events of one run when Supabase Realtime is not installed:
--- `pgflow_run_` followed by the run id as 32 lowercase hex digits (43 characters, below the 63-byte limit
--- for identifiers). A client runs `LISTEN pgflow_run_<hex>` before starting or while watching a run.
-create function pgflow.run_channel(run_id uuid)
-returns text
+-- The shortest time between two signals of one queue.
+create function pgflow._signal_interval()
+returns interval
 language sql
-immutable
-parallel safe
-as $$ select 'pgflow_run_' || replace(run_id::text, '-', '') $$;
+immutable parallel safe
+as $$ select interval '5 milliseconds' $$;
+
+create function pgflow._replan_if_grown()
+returns void
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_pages bigint := (pg_relation_size('pgflow.runs'::regclass) + pg_relation_size('pgflow.step_states'::regclass)
+                     + pg_relation_size('pgflow.step_tasks'::regclass)) / current_setting('block_size')::int;
+  v_planned bigint := nullif(current_setting('pgflow.planned_pages', true), '')::bigint;
+begin
+  if v_planned is not null and v_pages > 2 * v_planned + 16 then
+    discard plans;
+  elsif v_planned is not null and v_pages >= v_planned then
+    return;
+  end if;
+  -- First call of the session (its plans are about to be built), a replan, or tables that shrank (plans
+  -- built on larger tables stay good; growth is measured from the smaller size).
+  perform set_config('pgflow.planned_pages', v_pages::text, false);
+end;
+$$;

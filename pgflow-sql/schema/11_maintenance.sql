@@ -1,31 +1,20 @@
--- pgflow-rs SQL core, migration 0008: recovery of stalled and orphaned tasks, and retention.
+-- Maintenance: recovery of stalled tasks and dead workers' tasks, and retention.
 --
--- Upstream interface: requeue_stalled_tasks, setup_requeue_stalled_tasks_cron (needs pg_cron only when called),
--- prune_data_older_than (upstream ships it as copy-paste SQL). Additions: resolve_stalled_task (the operator's
--- decision for a permanently stalled task), requeue_dead_worker_tasks (fast recovery from a worker whose
--- heartbeat stopped), prune_history (bounded retention) and run_maintenance (all of it, one caller at a time).
--- Not provided (Supabase-only): ensure_workers, setup_ensure_workers_cron, cleanup_ensure_workers_logs.
---
--- Every function here follows the lock order of 0011_claims.sql. Recovery never waits for a message or task
--- another transaction holds (SKIP LOCKED): that transaction is finishing the task, and the next sweep looks
--- again.
+-- Owns: requeueing tasks whose worker stopped answering (stall timeout or dead heartbeat), marking tasks that
+-- stalled too often as permanently stalled, pruning finished history, and run_maintenance, which workers call
+-- one at a time under the maintenance lock (try-only, never waited for).
+
+-- Key of the advisory lock that lets one caller at a time run recovery and retention ("pgflow-rq").
+create function pgflow._maintenance_lock_key()
+returns bigint
+language sql
+immutable parallel safe
+as $$ select 8099555070761726577::bigint $$;
 
 -- The started tasks, found through started step states (idx_step_states_started), so the cost follows the
 -- work in flight, never the task history. With the effective timeout and max_attempts of each task's step.
 create function pgflow._started_tasks()
-returns table (
-  queue_name text,
-  message_id bigint,
-  run_id uuid,
-  step_slug text,
-  task_index int,
-  started_at timestamptz,
-  last_worker_id uuid,
-  attempts_count int,
-  permanently_stalled_at timestamptz,
-  effective_timeout int,
-  max_attempts int
-)
+returns table(queue_name text, message_id bigint, run_id uuid, step_slug text, task_index integer, started_at timestamp with time zone, last_worker_id uuid, attempts_count integer, permanently_stalled_at timestamp with time zone, effective_timeout integer, max_attempts integer)
 language sql
 stable
 set search_path = ''
@@ -41,6 +30,66 @@ as $$
   where ss.status = 'started';
 $$;
 
+-- The operator's decision for a permanently stalled task (requeued 3 times, still never finished):
+--   * action 'retry': the task goes back to `queued` with a fresh message in its own queue and a new
+--     requeue budget; its attempts_count is kept;
+--   * action 'fail': the task fails as if it had exhausted its attempts (the step's when_exhausted applies:
+--     fail the run, skip the step, or skip it with its dependents).
+-- Returns the task row afterwards.
+create function pgflow.resolve_stalled_task(run_id uuid, step_slug text, task_index integer, action text, error_message text default 'Task stalled permanently'::text)
+returns setof pgflow.step_tasks
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_task pgflow.step_tasks;
+  v_msg_id bigint;
+begin
+  if action is null or action not in ('fail', 'retry') then
+    raise exception 'resolve_stalled_task(): action must be ''fail'' or ''retry'', got %', coalesce(quote_literal(action), 'NULL');
+  end if;
+
+  perform 1 from pgflow.runs r where r.run_id = resolve_stalled_task.run_id for no key update;
+
+  select t.* into v_task
+  from pgflow.step_tasks t
+  where t.run_id = resolve_stalled_task.run_id and t.step_slug = resolve_stalled_task.step_slug
+    and t.task_index = resolve_stalled_task.task_index
+  for update;
+
+  if v_task.run_id is null then
+    raise exception 'resolve_stalled_task(): no task (run_id %, step %, task_index %)',
+      resolve_stalled_task.run_id, resolve_stalled_task.step_slug, resolve_stalled_task.task_index;
+  end if;
+  if v_task.status <> 'started' or v_task.permanently_stalled_at is null then
+    raise exception 'resolve_stalled_task(): task (run_id %, step %, task_index %) is not permanently stalled (status %)',
+      v_task.run_id, v_task.step_slug, v_task.task_index, v_task.status
+      using hint = 'Only tasks marked by requeue_stalled_tasks() (permanently_stalled_at set) can be resolved.';
+  end if;
+
+  if action = 'fail' then
+    return query
+    select (f.task).* from pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index, error_message,
+                                             true, null, null, null) f;
+    return;
+  end if;
+
+  select pgmq.send(v_task.queue_name, jsonb_build_object(
+    'flow_slug', v_task.flow_slug,
+    'run_id', v_task.run_id,
+    'step_slug', v_task.step_slug,
+    'task_index', v_task.task_index)) into v_msg_id;
+
+  update pgflow.step_tasks t
+  set status = 'queued', started_at = null, last_worker_id = null, message_id = v_msg_id,
+      requeued_count = 0, permanently_stalled_at = null, last_requeued_at = now()
+  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
+  returning t.* into v_task;
+
+  return next v_task;
+end;
+$$;
+
 -- Requeues started tasks whose worker went silent: a task is stalled once it has been started for longer than
 -- its effective step timeout (coalesce(step, flow)) plus pgflow._stall_buffer_seconds(). Only tasks of started
 -- runs and started steps are considered. Safe to call concurrently: rows another caller holds are skipped.
@@ -50,7 +99,7 @@ $$;
 --     operator decides with resolve_stalled_task().
 -- Returns the number of tasks requeued.
 create function pgflow.requeue_stalled_tasks()
-returns int
+returns integer
 language plpgsql
 security definer
 set search_path = ''
@@ -118,9 +167,9 @@ $$;
 -- A worker that was only slow (a long pause, a lost connection) is safe too: its late results are fenced to the
 -- attempt and come back 'stale'. Returns the number of tasks recovered (requeued or failed).
 create function pgflow.requeue_dead_worker_tasks(dead_after interval)
-returns int
+returns integer
 language plpgsql
-volatile
+security definer
 set search_path = ''
 as $$
 declare
@@ -206,70 +255,22 @@ begin
 end;
 $$;
 
--- The operator's decision for a permanently stalled task (requeued 3 times, still never finished):
---   * action 'retry': the task goes back to `queued` with a fresh message in its own queue and a new
---     requeue budget; its attempts_count is kept;
---   * action 'fail': the task fails as if it had exhausted its attempts (the step's when_exhausted applies:
---     fail the run, skip the step, or skip it with its dependents).
--- Returns the task row afterwards.
-create function pgflow.resolve_stalled_task(
-  run_id uuid,
-  step_slug text,
-  task_index int,
-  action text,
-  error_message text default 'Task stalled permanently'
-)
-returns setof pgflow.step_tasks
+-- Deletes all finished history older than the retention interval (upstream's maintenance query): calls
+-- prune_history until nothing older is left. Prefer prune_history, or the workers' own retention, on a busy
+-- database: this one runs in a single transaction however much there is.
+create function pgflow.prune_data_older_than(retention_interval interval)
+returns void
 language plpgsql
-volatile
 set search_path = ''
 as $$
 declare
-  v_task pgflow.step_tasks;
-  v_msg_id bigint;
+  v_result jsonb;
 begin
-  if action is null or action not in ('fail', 'retry') then
-    raise exception 'resolve_stalled_task(): action must be ''fail'' or ''retry'', got %', coalesce(quote_literal(action), 'NULL');
-  end if;
-
-  perform 1 from pgflow.runs r where r.run_id = resolve_stalled_task.run_id for no key update;
-
-  select t.* into v_task
-  from pgflow.step_tasks t
-  where t.run_id = resolve_stalled_task.run_id and t.step_slug = resolve_stalled_task.step_slug
-    and t.task_index = resolve_stalled_task.task_index
-  for update;
-
-  if v_task.run_id is null then
-    raise exception 'resolve_stalled_task(): no task (run_id %, step %, task_index %)',
-      resolve_stalled_task.run_id, resolve_stalled_task.step_slug, resolve_stalled_task.task_index;
-  end if;
-  if v_task.status <> 'started' or v_task.permanently_stalled_at is null then
-    raise exception 'resolve_stalled_task(): task (run_id %, step %, task_index %) is not permanently stalled (status %)',
-      v_task.run_id, v_task.step_slug, v_task.task_index, v_task.status
-      using hint = 'Only tasks marked by requeue_stalled_tasks() (permanently_stalled_at set) can be resolved.';
-  end if;
-
-  if action = 'fail' then
-    return query
-    select (f.task).* from pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index, error_message,
-                                             true, null, null, null) f;
-    return;
-  end if;
-
-  select pgmq.send(v_task.queue_name, jsonb_build_object(
-    'flow_slug', v_task.flow_slug,
-    'run_id', v_task.run_id,
-    'step_slug', v_task.step_slug,
-    'task_index', v_task.task_index)) into v_msg_id;
-
-  update pgflow.step_tasks t
-  set status = 'queued', started_at = null, last_worker_id = null, message_id = v_msg_id,
-      requeued_count = 0, permanently_stalled_at = null, last_requeued_at = now()
-  where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index
-  returning t.* into v_task;
-
-  return next v_task;
+  loop
+    v_result := pgflow.prune_history(retention_interval, 1000);
+    exit when (v_result ->> 'runs')::int < 1000 and (v_result ->> 'archived_messages')::int < 10000
+          and (v_result ->> 'workers')::int < 1000;
+  end loop;
 end;
 $$;
 
@@ -279,10 +280,9 @@ $$;
 -- and at most `max_runs` worker rows that stopped (or last beat) before the cutoff and that no retained task
 -- names. Started runs, definitions and live workers are never touched. Returns {"runs", "archived_messages", "workers"}: how many rows went.
 -- Call it again while any count equals its bound.
-create function pgflow.prune_history(older_than interval, max_runs int default 1000)
+create function pgflow.prune_history(older_than interval, max_runs integer default 1000)
 returns jsonb
 language plpgsql
-volatile
 set search_path = ''
 as $$
 declare
@@ -357,48 +357,17 @@ begin
 end;
 $$;
 
--- Deletes all finished history older than the retention interval (upstream's maintenance query): calls
--- prune_history until nothing older is left. Prefer prune_history, or the workers' own retention, on a busy
--- database: this one runs in a single transaction however much there is.
-create function pgflow.prune_data_older_than(retention_interval interval)
-returns void
-language plpgsql
-volatile
-set search_path = ''
-as $$
-declare
-  v_result jsonb;
-begin
-  loop
-    v_result := pgflow.prune_history(retention_interval, 1000);
-    exit when (v_result ->> 'runs')::int < 1000 and (v_result ->> 'archived_messages')::int < 10000
-          and (v_result ->> 'workers')::int < 1000;
-  end loop;
-end;
-$$;
-
--- Key of the advisory lock that lets one caller at a time run recovery and retention ("pgflow-rq").
-create function pgflow._maintenance_lock_key()
-returns bigint
-language sql
-immutable
-parallel safe
-as $$ select 8099555070761726577::bigint $$;
-
 -- One maintenance sweep, run by workers periodically; at most one caller at a time does the work (a
 -- transaction-scoped advisory lock; the others return at once with "skipped": true):
 --   * requeue_stalled_tasks();
 --   * requeue_dead_worker_tasks(dead_after) when dead_after is given;
---   * prune_history(retain_for, prune_batch) when retain_for is given (one bounded batch per sweep).
+--   * prune_history(retain_for, prune_batch) when retain_for is given (one bounded batch per sweep);
+--   * the run_watchers rows of sessions that have ended are removed.
 -- Returns {"skipped", "stalled", "dead", "pruned": {...} | null}.
-create function pgflow.run_maintenance(
-  dead_after interval default null,
-  retain_for interval default null,
-  prune_batch int default 1000
-)
+create function pgflow.run_maintenance(dead_after interval default NULL::interval, retain_for interval default NULL::interval, prune_batch integer default 1000)
 returns jsonb
 language plpgsql
-volatile
+security definer
 set search_path = ''
 as $$
 declare
@@ -414,13 +383,15 @@ begin
   if retain_for is not null then
     v_pruned := pgflow.prune_history(retain_for, prune_batch);
   end if;
+  delete from pgflow.run_watchers w
+  where not exists (select 1 from pg_catalog.pg_stat_activity a where a.pid = w.backend_pid);
   return jsonb_build_object('skipped', false, 'stalled', v_stalled, 'dead', v_dead, 'pruned', v_pruned);
 end;
 $$;
 
 -- Schedules requeue_stalled_tasks() with pg_cron. Unlike upstream it is not run at install (pg_cron is
 -- optional); it needs pg_cron only when called. Workers can instead call requeue_stalled_tasks() themselves.
-create function pgflow.setup_requeue_stalled_tasks_cron(cron_interval text default '15 seconds')
+create function pgflow.setup_requeue_stalled_tasks_cron(cron_interval text default '15 seconds'::text)
 returns text
 language plpgsql
 security definer

@@ -1,10 +1,15 @@
--- pgflow-rs SQL core, migration 0003: tables, the task record type, indexes and integrity triggers.
+-- Tables, the record types, indexes and the queue-identity triggers.
 --
+-- Owns: every table of schema pgflow (definitions, workers, runtime state, deployments, signals and watchers),
+-- its indexes, and the triggers that keep a task's queue name an immutable snapshot of its step's queue.
 -- Tables, columns, defaults and constraint names follow upstream pgflow exactly. Additions:
 --   * steps.queue_name       canonical lowercase PGMQ queue that receives the step's tasks;
 --   * step_tasks.queue_name  immutable snapshot of that queue, taken when the task is created;
 --   * task statuses `skipped` and `cancelled`;
---   * unique (queue_name, message_id) on step_tasks, and a case-insensitive unique flow slug.
+--   * unique (queue_name, message_id) on step_tasks, and a case-insensitive unique flow slug;
+--   * flow_aliases, shared_queues and worker_routes (deployments), queue_signals and run_watchers.
+--
+-- The bookkeeping table pgflow.schema_migrations is created by the installer before anything here.
 
 ------------------------------------------------------------------------------------------------------------
 -- Definitions
@@ -17,13 +22,14 @@ create table pgflow.flows (
   opt_timeout int not null default 60,
   created_at timestamptz not null default now(),
   -- Deployment metadata, persisted and compared separately from the shape: 'flow' (every step on the
-  -- flow's default queue, upstream's behaviour) or 'step' (every step on its own private queue).
+  -- flow's default queue, upstream's behaviour), 'step' (every step on its own private queue) or 'named'
+  -- (steps routed to named, shared queues by a deployment).
   queue_mode text not null default 'flow',
   constraint slug_is_valid check (pgflow.is_valid_slug(flow_slug)),
-  constraint queue_mode_is_valid check (queue_mode in ('flow', 'step')),
   constraint opt_max_attempts_is_nonnegative check (opt_max_attempts >= 0),
   constraint opt_base_delay_is_nonnegative check (opt_base_delay >= 0),
-  constraint opt_timeout_is_positive check (opt_timeout > 0)
+  constraint opt_timeout_is_positive check (opt_timeout > 0),
+  constraint queue_mode_is_valid check (queue_mode in ('flow', 'step', 'named'))
 );
 
 -- Two slugs that differ only in case would share one PGMQ queue (PGMQ lower-cases table names).
@@ -82,6 +88,7 @@ create index idx_deps_by_flow_dep on pgflow.deps (flow_slug, dep_slug);
 -- Workers
 ------------------------------------------------------------------------------------------------------------
 
+-- One row per worker process. The (flow, step) pairs it serves are in worker_routes.
 create table pgflow.workers (
   worker_id uuid primary key,
   queue_name text not null,
@@ -89,10 +96,7 @@ create table pgflow.workers (
   started_at timestamptz not null default now(),
   deprecated_at timestamptz,
   stopped_at timestamptz,
-  last_heartbeat_at timestamptz not null default now(),
-  -- The exact subscription the worker registered with (NULL step_slug: every step of the flow).
-  flow_slug text,
-  step_slug text
+  last_heartbeat_at timestamptz not null default now()
 );
 
 create index idx_workers_queue_name on pgflow.workers (queue_name);
@@ -108,6 +112,44 @@ create table pgflow.worker_functions (
   -- The fence: why and when pgflow.disable_worker_function() disabled the function.
   disabled_reason text,
   disabled_at timestamptz
+);
+
+
+-- The exact (flow, step) pairs a registered worker runs from its queue (pgflow.workers.queue_name). A worker
+-- with no rows registered the upstream way (track_worker_function) and is taken to serve its whole queue.
+create table pgflow.worker_routes (
+  worker_id uuid not null references pgflow.workers (worker_id) on delete cascade,
+  flow_slug text not null,
+  step_slug text not null,
+  primary key (worker_id, flow_slug, step_slug),
+  foreign key (flow_slug, step_slug) references pgflow.steps (flow_slug, step_slug) on delete cascade
+);
+create index idx_worker_routes_flow_step on pgflow.worker_routes (flow_slug, step_slug);
+
+------------------------------------------------------------------------------------------------------------
+-- Deployments
+------------------------------------------------------------------------------------------------------------
+
+-- A stable name for the concrete version new runs start. Activated by ensure_flow_compiled(alias => ...)
+-- after the version's complete shape and routing are persisted.
+create table pgflow.flow_aliases (
+  alias text primary key,
+  flow_slug text not null references pgflow.flows (flow_slug),
+  activated_at timestamptz not null default now(),
+  -- The concrete slug this alias pointed at before its last activation (NULL for a new alias).
+  previous_flow_slug text,
+  constraint alias_is_valid check (pgflow.is_valid_slug(alias))
+);
+create unique index flow_aliases_alias_lower_key on pgflow.flow_aliases (lower(alias));
+create index idx_flow_aliases_flow_slug on pgflow.flow_aliases (flow_slug);
+
+-- Queues shared by named routes: created by pgflow for a named route, or adopted (an existing PGMQ queue,
+-- named with adopt_queues => true). Never dropped by pgflow.
+create table pgflow.shared_queues (
+  queue_name text primary key,
+  adopted boolean not null default false,
+  created_at timestamptz not null default now(),
+  constraint queue_name_is_lowercase check (queue_name = lower(queue_name))
 );
 
 ------------------------------------------------------------------------------------------------------------
@@ -128,7 +170,7 @@ create table pgflow.runs (
   constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
   constraint completed_at_is_after_started_at check (completed_at is null or completed_at >= started_at),
   constraint failed_at_is_after_started_at check (failed_at is null or failed_at >= started_at)
-);
+) with (fillfactor = 85);
 
 create index idx_runs_flow_slug on pgflow.runs (flow_slug);
 create index idx_runs_status on pgflow.runs (status);
@@ -217,7 +259,7 @@ create table pgflow.step_tasks (
     completed_at is null or started_at is null or completed_at >= started_at),
   constraint failed_at_is_after_started_at check (
     failed_at is null or started_at is null or failed_at >= started_at)
-) with (fillfactor = 85);
+) with (fillfactor = 80);
 
 -- PGMQ message identity is (queue, msg_id); one message belongs to at most one task. This index is also
 -- the claim path of start_tasks.
@@ -227,6 +269,27 @@ create unique index step_tasks_queue_name_message_id_key on pgflow.step_tasks (q
 -- the update can stay on its page (HOT) without touching any index. Stalled-task recovery finds started
 -- tasks through started step states (idx_step_states_started) instead.
 create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id);
+
+------------------------------------------------------------------------------------------------------------
+-- Signals and watchers
+------------------------------------------------------------------------------------------------------------
+
+-- When each queue was last signalled, per source ('exchange': inside pgflow.exchange's completions; 'other':
+-- everywhere else). Unlogged: losing it in a crash only makes the next signal earlier.
+create unlogged table pgflow.queue_signals (
+  queue_name text,
+  signaled_at timestamptz not null default '-infinity',
+  source text not null default 'other' check (source in ('exchange', 'other')),
+  primary key (queue_name, source)
+);
+
+-- Who watches which run. Unlogged: after a crash the sessions that watched are gone too.
+create unlogged table pgflow.run_watchers (
+  run_id uuid not null,
+  backend_pid int not null,
+  since timestamptz not null default now(),
+  primary key (run_id, backend_pid)
+);
 
 ------------------------------------------------------------------------------------------------------------
 -- Queue identity triggers
@@ -297,4 +360,17 @@ create type pgflow.step_task_record as (
   msg_id bigint,
   task_index int,
   flow_input jsonb
+);
+
+-- The outcome of one item of a fenced batch (complete_tasks, exchange).
+create type pgflow.task_outcome as (
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  -- 'applied': this call recorded the result; 'stale': it changed nothing (fenced: see 08_completion.sql).
+  outcome text,
+  -- The task's status and attempt afterwards (NULL when there is no such task), and its last worker.
+  status text,
+  attempts_count int,
+  last_worker_id uuid
 );

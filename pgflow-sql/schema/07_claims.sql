@@ -1,0 +1,502 @@
+-- Claims: reading a queue's messages and turning them into started tasks, and the one lock order.
+--
+-- THE LOCK ORDER. Every function of the SQL core that takes row locks takes them in this order, and never
+-- waits for an earlier kind while holding a later one:
+--
+--   1. advisory locks: a flow slug's compile lock, then queue-name locks in sorted order (compilation); the
+--      maintenance lock (recovery and retention, try-only, never waited for);
+--   2. `pgflow.runs` rows (FOR NO KEY UPDATE): every change of a run's state is serialised on its run row;
+--      several runs in run_id order;
+--   3. PGMQ message rows (`pgmq.q_<queue>`), per queue in msg_id order, several queues in queue-name order:
+--      pgmq.read takes them for a claim; every other path locks a task's message explicitly
+--      (pgflow._lock_messages) before it touches the task;
+--   4. `pgflow.step_tasks` rows, in (queue_name, message_id) order;
+--   5. then `pgflow.step_states` and the run's counters (under the run row of 2).
+--
+-- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
+-- Every other writer of a task holds that task's message first, so a claim never waits for a task row whose
+-- holder waits for one of the claim's messages: the interleaving "read a message in one session, cancel its
+-- task from another, claim it in the first" cannot deadlock. It ends either with the claim first (the task is
+-- then cancelled with its message archived) or with the cancellation first (the claim archives the message of
+-- the terminal task). Recovery paths (stalled tasks, dead workers) take messages and tasks with SKIP LOCKED,
+-- so they never wait at all.
+--
+-- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
+-- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.
+
+-- Locks the live messages `p_ids` of queue `p_queue` (FOR UPDATE, in msg_id order, through the queue's
+-- statements) and returns the ids it locked. With p_skip_locked, messages another transaction holds are
+-- skipped instead of waited for. Ids that are no longer live (archived or deleted), or of a queue that does
+-- not exist, are not returned. This is step 3 of the lock order: a task's message is locked before the task.
+create function pgflow._lock_messages(p_queue text, p_ids bigint[], p_skip_locked boolean default false)
+returns bigint[]
+language plpgsql
+set search_path = ''
+as $$
+begin
+  if p_ids is null or cardinality(p_ids) = 0
+     or to_regclass(format('pgmq.%I', pgmq.format_table_name(p_queue, 'q'))) is null then
+    return '{}';
+  end if;
+  return pgflow._queue_op(p_queue, case when p_skip_locked then 'lock_skip_locked' else 'lock' end, p_ids);
+end;
+$$;
+
+-- The classifying claim behind claim_tasks, read_and_claim_tasks and exchange. read_vt NULL: the caller read
+-- the messages in an earlier transaction, so they are locked here first. read_vt set: this transaction's
+-- locking read holds them; each is counted as read (read_ct, last_read_at) and the ones not claimed, deferred
+-- or released stay invisible for read_vt seconds, as after pgmq.read. Queue statements go through the
+-- queue's statements function.
+create function pgflow._claim_tasks(queue_name text, msg_ids bigint[], worker_id uuid, flow_slugs text[], step_slugs text[], read_vt integer)
+returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_queue text := lower(_claim_tasks.queue_name);
+  v_ids bigint[];
+  v_table text;
+  v_claim_ids bigint[];
+  v_defer_ids bigint[];
+  v_defer_vts timestamptz[];
+  v_archive_ids bigint[];
+  v_wait_ids bigint[];
+  v_unsupported_ids bigint[];
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes int[];
+  v_secs float8[];
+  v_updated int;
+  v_disabled jsonb;
+  v_report jsonb;
+  v_vis_ids bigint[];
+  v_vis_vts timestamptz[];
+  -- After a locking read, every message is counted as read once, as pgmq.read would have.
+  v_read int := case when _claim_tasks.read_vt is null then 0 else 1 end;
+begin
+  if cardinality(_claim_tasks.flow_slugs) is distinct from cardinality(_claim_tasks.step_slugs) then
+    raise exception 'claim_tasks(): flow_slugs and step_slugs differ in length (% and %)',
+      cardinality(_claim_tasks.flow_slugs), cardinality(_claim_tasks.step_slugs)
+      using errcode = 'invalid_parameter_value';
+  end if;
+  select coalesce(array_agg(distinct i order by i), '{}') into v_ids
+  from unnest(_claim_tasks.msg_ids) as i where i is not null;
+  if cardinality(v_ids) = 0 then
+    return;
+  end if;
+  v_table := pgmq.format_table_name(v_queue, 'q');
+
+  -- Lock order step 3: the batch's messages, unless this transaction's locking read holds them already.
+  if _claim_tasks.read_vt is null then
+    perform pgflow._lock_messages(v_queue, v_ids);
+  end if;
+
+  -- The fence: a worker of a disabled function claims nothing.
+  select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
+                            'disabled_at', wf.disabled_at)
+  into v_disabled
+  from pgflow.workers w
+  join pgflow.worker_functions wf on wf.function_name = w.function_name
+  where w.worker_id = _claim_tasks.worker_id and not wf.enabled;
+
+  -- Lock order step 4: every task of the batch, in message order, classified in the same statement.
+  with pairs as (
+    select p.flow_slug, p.step_slug
+    from unnest(_claim_tasks.flow_slugs, _claim_tasks.step_slugs) as p(flow_slug, step_slug)
+  ),
+  locked as (
+    select t.message_id as id,
+           t.run_id, t.step_slug, t.task_index, t.started_at,
+           coalesce(s.opt_timeout, f.opt_timeout) as timeout,
+           case
+             when not exists (select 1 from pairs p where p.flow_slug = t.flow_slug and p.step_slug = t.step_slug)
+               then 'unsupported'
+             when t.status = 'queued' and r.status = 'started' and ss.status = 'started' then 'claim'
+             when t.status = 'queued' then 'wait'
+             when t.status = 'started' then 'defer'
+             else 'archive'
+           end as kind
+    from pgflow.step_tasks t
+    join pgflow.runs r on r.run_id = t.run_id
+    join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
+    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+    join pgflow.flows f on f.flow_slug = t.flow_slug
+    where t.queue_name = v_queue and t.message_id = any (v_ids)
+    order by t.message_id
+    for update of t
+  ),
+  classified as (
+    select m.id, l.run_id, l.step_slug, l.task_index, l.started_at, l.timeout,
+           coalesce(l.kind, 'unsupported') as kind
+    from unnest(v_ids) as m(id)
+    left join locked l on l.id = m.id
+  )
+  select array_agg(c.id order by c.id) filter (where c.kind = 'claim'),
+         array_agg(c.run_id order by c.id) filter (where c.kind = 'claim'),
+         array_agg(c.step_slug order by c.id) filter (where c.kind = 'claim'),
+         array_agg(c.task_index order by c.id) filter (where c.kind = 'claim'),
+         array_agg(c.timeout::float8 + pgflow._claim_visibility_buffer_seconds() order by c.id)
+           filter (where c.kind = 'claim'),
+         array_agg(c.id order by c.id) filter (where c.kind = 'defer'),
+         array_agg(greatest(pgflow._recovery_boundary(c.started_at, c.timeout),
+                            clock_timestamp() + make_interval(secs => pgflow._claim_visibility_buffer_seconds()))
+                   order by c.id) filter (where c.kind = 'defer'),
+         array_agg(c.id order by c.id) filter (where c.kind = 'archive'),
+         array_agg(c.id order by c.id) filter (where c.kind = 'wait'),
+         array_agg(c.id order by c.id) filter (where c.kind = 'unsupported')
+  into v_claim_ids, v_run_ids, v_step_slugs, v_task_indexes, v_secs,
+       v_defer_ids, v_defer_vts, v_archive_ids, v_wait_ids, v_unsupported_ids
+  from classified c;
+
+  if v_unsupported_ids is not null or v_disabled is not null then
+    -- No mutation except making the whole batch visible again.
+    perform pgflow._queue_op(v_queue, 'visibility', v_ids,
+                             array(select clock_timestamp() from unnest(v_ids)), v_read);
+
+    if v_disabled is not null then
+      return query select 'disabled'::text, null::bigint, null::text, null::uuid, null::text, null::int,
+                          null::jsonb, null::jsonb, null::int, null::int, v_disabled;
+      return;
+    end if;
+
+    execute format($q$
+      with msgs as (
+        select u.id,
+               t.flow_slug as t_flow, t.step_slug as t_step,
+               q.message ->> 'flow_slug' as b_flow, q.message ->> 'step_slug' as b_step,
+               q.message ->> 'run_id' as b_run, q.message ->> 'task_index' as b_index
+        from unnest($1::bigint[]) as u(id)
+        left join pgflow.step_tasks t on t.queue_name = $2 and t.message_id = u.id
+        left join pgmq.%I q on q.msg_id = u.id
+      ),
+      reasons as (
+        select m.id, coalesce(m.t_flow, m.b_flow) as flow_slug, coalesce(m.t_step, m.b_step) as step_slug,
+               case
+                 when m.t_flow is not null then 'unsupported_route'
+                 when m.b_run ~ '^[0-9a-fA-F-]{36}$' and m.b_index ~ '^[0-9]+$' and exists (
+                        select 1 from pgflow.step_tasks o
+                        where o.run_id = m.b_run::uuid and o.step_slug = m.b_step
+                          and o.task_index = m.b_index::int and o.queue_name <> $2) then 'wrong_queue'
+                 else 'no_task'
+               end as reason
+        from msgs m
+      )
+      select jsonb_build_object(
+        'queue_name', $2,
+        'msg_ids', to_jsonb($3::bigint[]),
+        'unsupported_msg_ids', to_jsonb($1::bigint[]),
+        'flows', coalesce((select jsonb_agg(distinct r.flow_slug) from reasons r where r.flow_slug is not null), '[]'),
+        'steps', coalesce((select jsonb_agg(distinct r.step_slug) from reasons r where r.step_slug is not null), '[]'),
+        'messages', (select jsonb_agg(jsonb_build_object('msg_id', r.id, 'reason', r.reason,
+                                      'flow_slug', r.flow_slug, 'step_slug', r.step_slug) order by r.id)
+                     from reasons r),
+        'supported', coalesce((select jsonb_agg(jsonb_build_array(p.flow_slug, p.step_slug))
+                               from unnest($4::text[], $5::text[]) as p(flow_slug, step_slug)), '[]'))
+    $q$, v_table)
+    into v_report
+    using v_unsupported_ids, v_queue, v_ids, _claim_tasks.flow_slugs, _claim_tasks.step_slugs;
+
+    return query select 'unsupported'::text, null::bigint, null::text, null::uuid, null::text, null::int,
+                        null::jsonb, null::jsonb, null::int, null::int, v_report;
+    return;
+  end if;
+
+  -- Fully supported batch: claim, defer, archive.
+  if v_claim_ids is not null then
+    update pgflow.step_tasks t
+    set status = 'started',
+        attempts_count = t.attempts_count + 1,
+        -- A claim whose transaction began before the task was queued still starts it no earlier
+        -- than it was queued (started_at_is_after_queued_at).
+        started_at = greatest(now(), t.queued_at),
+        last_worker_id = _claim_tasks.worker_id
+    from unnest(v_run_ids, v_step_slugs, v_task_indexes) as c(run_id, step_slug, task_index)
+    where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+      and t.status = 'queued';
+  end if;
+
+  -- Each message's visibility, in one update: claimed ones for the step timeout plus the claim buffer,
+  -- deferred ones until their recovery boundary; after a locking read, the others from now for read_vt
+  -- seconds, as pgmq.read leaves them (archived ones are archived next).
+  if v_claim_ids is not null or v_defer_ids is not null or _claim_tasks.read_vt is not null then
+    select array_agg(v.id), array_agg(v.vt) into v_vis_ids, v_vis_vts
+    from (
+      select c.id, clock_timestamp() + make_interval(secs => c.secs) as vt
+      from unnest(v_claim_ids, v_secs) as c(id, secs)
+      union all
+      select d.id, d.vt from unnest(v_defer_ids, v_defer_vts) as d(id, vt)
+      union all
+      select o.id, clock_timestamp() + make_interval(secs => _claim_tasks.read_vt)
+      from unnest(coalesce(v_wait_ids, '{}') || coalesce(v_archive_ids, '{}')) as o(id)
+      where _claim_tasks.read_vt is not null
+    ) v;
+    select count(*) into v_updated
+    from unnest(pgflow._queue_op(v_queue, 'visibility', v_vis_ids, v_vis_vts, v_read)) as u(id)
+    where u.id = any (v_claim_ids);
+    if v_updated <> coalesce(cardinality(v_claim_ids), 0) then
+      raise exception 'claim_tasks(): visibility updated % of % claimed messages', v_updated, cardinality(v_claim_ids)
+        using detail = format('queue %s, messages %s', v_queue, v_claim_ids::text),
+              hint = 'A claimed message is missing from its queue; no task was claimed.';
+    end if;
+  end if;
+
+  if v_archive_ids is not null then
+    perform pgflow._queue_op(v_queue, 'archive', v_archive_ids);
+  end if;
+
+  if v_claim_ids is not null then
+    return query
+    select 'claimed'::text, c.msg_id, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input,
+           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), null::jsonb
+    from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
+           with ordinality as c(run_id, step_slug, task_index, msg_id, ord)
+    join pgflow.step_tasks t on t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+    join pgflow.flows f on f.flow_slug = t.flow_slug
+    join pgflow.runs r on r.run_id = t.run_id
+    cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
+                                           t.element, r.input) i
+    order by c.ord;
+  end if;
+  return query
+  select x.kind, x.id, null::text, null::uuid, null::text, null::int, null::jsonb, null::jsonb, null::int,
+         null::int, null::jsonb
+  from (
+    select 'deferred'::text as kind, d.id from unnest(v_defer_ids) as d(id)
+    union all
+    select 'archived', a.id from unnest(v_archive_ids) as a(id)
+    union all
+    select 'waiting', w.id from unnest(v_wait_ids) as w(id)
+  ) x
+  order by x.id;
+end;
+$$;
+
+-- The claim of pgflow-rs workers: the messages `msg_ids` a worker read from `queue_name` (in an earlier
+-- transaction: they are locked here first), classified against the exact (flow_slugs[i], step_slugs[i]) pairs
+-- the worker runs from that queue. Tasks are matched by (queue_name, message_id) only. The batch is
+-- classified first, its messages and then its task rows locked in message order:
+--   claimed      task in this queue, its (flow, step) among the pairs, `queued`, run and step started
+--   deferred     task `started` (a duplicate visibility, benign): no attempt consumed; the message is hidden
+--                until the task's recovery boundary (at least the claim buffer from now)
+--   archived     task terminal (completed, failed, skipped, cancelled): the message is archived, idempotently
+--   waiting      task `queued` but its run or step is not started (not normally reachable): left untouched
+--   unsupported  no task for (queue_name, msg_id) ("no_task"), a task for the message body recorded in another
+--                queue ("wrong_queue"), or a task whose (flow, step) is not among the pairs ("unsupported_route")
+-- If any message is unsupported, or the worker's function is disabled: nothing is claimed, deferred or
+-- archived, no attempt is consumed, and every message of the batch becomes visible again (vt = now).
+-- Otherwise, atomically: queued tasks become `started` (attempts_count + 1, started_at, last_worker_id) and
+-- their messages get visibility = effective step timeout + claim buffer; started ones are deferred; terminal
+-- ones archived.
+--
+-- Returns rows, so a worker decodes no document:
+--   outcome 'claimed'      one row per claimed task: msg_id, flow_slug, run_id, step_slug, task_index, input,
+--                          flow_input, attempts_count (the attempt this claim started: every result carries
+--                          it, the fence), timeout (the effective step timeout in seconds); in msg_id order
+--   outcome 'deferred' | 'archived' | 'waiting'   one row per such message (msg_id only)
+--   outcome 'unsupported'  exactly one row, report = {"queue_name", "msg_ids" (the whole batch, visible again),
+--                          "unsupported_msg_ids", "flows", "steps", "messages": [{"msg_id", "reason",
+--                          "flow_slug", "step_slug"}], "supported": [[flow, step], ...]} without message bodies
+--   outcome 'disabled'     exactly one row, report = {"function_name", "reason", "disabled_at"}
+-- An empty batch returns no row.
+create function pgflow.claim_tasks(queue_name text, msg_ids bigint[], worker_id uuid, flow_slugs text[], step_slugs text[])
+returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+begin
+  return query
+  select * from pgflow._claim_tasks(claim_tasks.queue_name, claim_tasks.msg_ids, claim_tasks.worker_id,
+                                    claim_tasks.flow_slugs, claim_tasks.step_slugs, null);
+end;
+$$;
+
+-- Reads up to `qty` visible messages from `queue_name` and classifies and claims them for the worker's pairs
+-- (as claim_tasks), in one call and one transaction. Never sleeps. The read locks the oldest visible messages
+-- exactly as pgmq.read does (in message order, skipping those another transaction holds) but leaves their
+-- visibility to the claim, which sets it once (`vt` seconds for messages not claimed). An empty read returns
+-- no row.
+create function pgflow.read_and_claim_tasks(queue_name text, qty integer, vt integer, worker_id uuid, flow_slugs text[], step_slugs text[])
+returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+declare
+  v_ids bigint[];
+begin
+  -- Lock order step 3: the messages.
+  v_ids := pgflow._queue_op(read_and_claim_tasks.queue_name, 'lock_visible', null, null,
+                            read_and_claim_tasks.qty);
+  if v_ids is null then
+    return;
+  end if;
+  return query
+  select * from pgflow._claim_tasks(read_and_claim_tasks.queue_name, v_ids, read_and_claim_tasks.worker_id,
+                                    read_and_claim_tasks.flow_slugs, read_and_claim_tasks.step_slugs,
+                                    coalesce(read_and_claim_tasks.vt, 0));
+end;
+$$;
+
+-- Upstream's form: the flow's one queue, then the form above (which replans when needed).
+create function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid)
+returns setof pgflow.step_task_record
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+declare
+  v_queues text[];
+begin
+  select array_agg(distinct s.queue_name) into v_queues
+  from pgflow.steps s
+  where s.flow_slug = start_tasks.flow_slug;
+
+  if v_queues is null then
+    return;
+  elsif cardinality(v_queues) > 1 then
+    raise exception 'start_tasks(): flow "%" sends its tasks to % queues (%)',
+        start_tasks.flow_slug, cardinality(v_queues), array_to_string(v_queues, ', ')
+      using hint = 'Call start_tasks(flow_slug, msg_ids, worker_id, queue_name) with the queue the messages were read from.';
+  end if;
+
+  return query
+  select * from pgflow.start_tasks(start_tasks.flow_slug, start_tasks.msg_ids, start_tasks.worker_id, v_queues[1]);
+end;
+$$;
+
+-- Claims the queued tasks behind `msg_ids` read from queue `queue_name` and returns them ready to run.
+--
+-- * Only tasks that are `queued`, of a started run and a started step are claimed; other messages are ignored
+--   (a started task's message seen again, or a terminal task's, is not an error).
+-- * The messages are locked first, then the task rows, then one guarded UPDATE claims them; rows come from its
+--   RETURNING, so of two overlapping claims of one message exactly one returns the task.
+-- * Before returning, every claimed message gets visibility = effective step timeout + claim buffer
+--   (pgflow._claim_visibility_buffer_seconds()). If any claimed message could not be updated (it is missing
+--   from its queue), the whole claim fails with `start_tasks(): visibility updated N of M claimed messages` and
+--   nothing is claimed.
+-- * flow_slug NULL claims tasks of any flow in that queue.
+create function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid, queue_name text)
+returns setof pgflow.step_task_record
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+declare
+  v_queue text := lower(start_tasks.queue_name);
+  v_claimed bigint[];
+  v_vts timestamptz[];
+  v_updated int;
+begin
+  if msg_ids is null or cardinality(msg_ids) = 0 then
+    return;
+  end if;
+  perform pgflow._replan_if_grown();
+
+  perform pgflow._lock_messages(v_queue, start_tasks.msg_ids);
+
+  with candidates as (
+    select t.run_id, t.step_slug, t.task_index
+    from pgflow.step_tasks t
+    where t.queue_name = v_queue
+      and t.message_id = any (start_tasks.msg_ids)
+      and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
+      and t.status = 'queued'
+    order by t.message_id
+    for update
+  ),
+  claimed as (
+    update pgflow.step_tasks t
+    set status = 'started',
+        attempts_count = t.attempts_count + 1,
+        -- A claim whose transaction began before the task was queued still starts it no earlier
+        -- than it was queued (started_at_is_after_queued_at).
+        started_at = greatest(now(), t.queued_at),
+        last_worker_id = start_tasks.worker_id
+    from candidates c, pgflow.runs r, pgflow.step_states ss
+    where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+      and t.status = 'queued'
+      and r.run_id = t.run_id and r.status = 'started'
+      and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
+    returning t.message_id, t.flow_slug, t.step_slug
+  )
+  select array_agg(c.message_id order by c.message_id),
+         array_agg(clock_timestamp() + make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout)::float8
+                                                             + pgflow._claim_visibility_buffer_seconds())
+                   order by c.message_id)
+  into v_claimed, v_vts
+  from claimed c
+  join pgflow.steps s on s.flow_slug = c.flow_slug and s.step_slug = c.step_slug
+  join pgflow.flows f on f.flow_slug = c.flow_slug;
+
+  if v_claimed is null then
+    return;
+  end if;
+
+  -- Visibility only: read count and last read time as they were (p_n = 0).
+  v_updated := coalesce(cardinality(pgflow._queue_op(v_queue, 'visibility', v_claimed, v_vts, 0)), 0);
+  if v_updated <> cardinality(v_claimed) then
+    raise exception 'start_tasks(): visibility updated % of % claimed messages', v_updated, cardinality(v_claimed)
+      using detail = format('queue %s, messages %s', v_queue, v_claimed::text),
+            hint = 'A claimed message is missing from its queue; no task was claimed.';
+  end if;
+
+  return query
+  select t.flow_slug, t.run_id, t.step_slug, i.input, t.message_id, t.task_index, i.flow_input
+  from unnest(v_claimed) with ordinality as c(msg_id, ord)
+  join pgflow.step_tasks t on t.queue_name = v_queue and t.message_id = c.msg_id
+  join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+  join pgflow.runs r on r.run_id = t.run_id
+  cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
+                                         t.element, r.input) i
+  order by c.ord;
+end;
+$$;
+
+-- Batched set_vt: message msg_ids[i] becomes visible vt_offsets[i] seconds from now.
+create function pgflow.set_vt_batch(queue_name text, msg_ids bigint[], vt_offsets integer[])
+returns table(msg_id bigint, read_ct integer, enqueued_at timestamp with time zone, vt timestamp with time zone, message jsonb, headers jsonb)
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  if msg_ids is null or vt_offsets is null or coalesce(array_length(msg_ids, 1), 0) = 0 then
+    return;
+  end if;
+  if coalesce(array_length(msg_ids, 1), 0) <> coalesce(array_length(vt_offsets, 1), 0) then
+    raise exception 'msg_ids length (%) must equal vt_offsets length (%)',
+      coalesce(array_length(msg_ids, 1), 0), coalesce(array_length(vt_offsets, 1), 0);
+  end if;
+
+  return query execute format(
+    'update pgmq.%I q set vt = clock_timestamp() + make_interval(secs => v.off)
+       from unnest($1::bigint[], $2::int[]) as v(id, off)
+      where q.msg_id = v.id
+      returning q.msg_id, q.read_ct, q.enqueued_at, q.vt, q.message, q.headers',
+    pgmq.format_table_name(set_vt_batch.queue_name, 'q'))
+  using msg_ids, vt_offsets;
+end;
+$$;
+
+-- Deprecated upstream since the two-phase protocol (read, then start_tasks); kept so old callers get a clear
+-- notice instead of a missing function.
+create function pgflow.poll_for_tasks(queue_name text, vt integer, qty integer, max_poll_seconds integer default 5, poll_interval_ms integer default 100)
+returns setof pgflow.step_task_record
+language plpgsql
+set search_path = ''
+as $$
+begin
+  raise notice 'pgflow.poll_for_tasks() is deprecated and returns nothing: read messages with pgmq.read() and claim them with pgflow.start_tasks()';
+  return;
+end;
+$$;
