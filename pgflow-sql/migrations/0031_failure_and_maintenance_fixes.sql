@@ -1,14 +1,40 @@
 -- pgflow-rs SQL core: failure, recovery and retention fixes.
 --
 -- * A final failure (fail_task, the dead-worker recovery, resolve_stalled_task 'fail') and a completion that
---   fails its run lock the messages of the run's live tasks together with their own, in the one order, before
---   holding any: a claim by explicit ids holding a sibling's message no longer deadlocks with them.
+--   can fail its run lock the messages of the run's live tasks together with their own, in the one order,
+--   before holding any: a claim by explicit ids holding a sibling's message no longer deadlocks with them.
 -- * A late failure with attempts left whose task's message is gone (a permanently stalled task, a purge)
 --   requeues it with a fresh message instead of leaving it `queued` with none.
 -- * requeue_stalled_tasks recovers a started task whose message is gone.
 -- * run_maintenance prunes first and recovers after, never waiting for a run row or a message while it holds
 --   messages of stalled tasks; the dead-worker failures take their run row and messages SKIP LOCKED.
 -- * prune_history deletes the watcher rows of the runs it prunes.
+--
+-- WHO LOCKS WHAT, in the one lock order (advisory locks; runs in run-id order; messages per queue in message-id
+-- order, queues in name order; tasks; step states and run counters). "skip" = SKIP LOCKED, never waits.
+--   ensure_flow_compiled, activate_alias   advisory: slug compile lock, queue-name locks (sorted), alias lock
+--   run_maintenance                        advisory maintenance lock (try only); then prune_history, then
+--                                          requeue_stalled_tasks, then requeue_dead_worker_tasks
+--   watch_run                              one run FOR SHARE
+--   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible: skip; explicit ids: waits, in
+--   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order
+--   complete_task(s) (_complete_tasks)     runs of the batch; the batch's messages plus, when an item can fail
+--                                          its run, the messages of that run's live tasks; then tasks, step
+--                                          states, run counters (_complete_task_exception, _advance_runs,
+--                                          cascade_resolve_conditions, _fail_run, _terminate_tasks re-take only
+--                                          locks already held)
+--   exchange                               _complete_tasks, then a claim whose messages are taken skip
+--   fail_task (both forms, _fail_task)     run; the task's message plus, when the failure can be final, the
+--                                          messages of the run's live tasks; then tasks, step states
+--   resolve_stalled_task                   run; the task's message plus, for 'fail', the run's live messages;
+--                                          task FOR UPDATE; then as _fail_task
+--   release_worker_tasks                   the worker's messages (per queue, message order), then tasks
+--   requeue_stalled_tasks                  messages skip, tasks skip; tasks whose message is gone: skip
+--   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
+--                                          _fail_task; others: messages skip, tasks skip
+--   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
+--                                          states, watcher rows, runs; archived messages; worker rows skip
+--   worker_heartbeat                       its worker row
 
 -- Locks the messages a failure of one task holds: the task's own and, with p_whole_run, those of every live
 -- (queued or started) task of its run, which a final failure cancels or skips. Per queue in message order,
@@ -753,14 +779,10 @@ begin
 
   perform 1 from pgflow.runs r where r.run_id = resolve_stalled_task.run_id for no key update;
 
-  -- The task's message (normally archived already) before the task row, as everywhere.
-  select t.* into v_task
-  from pgflow.step_tasks t
-  where t.run_id = resolve_stalled_task.run_id and t.step_slug = resolve_stalled_task.step_slug
-    and t.task_index = resolve_stalled_task.task_index;
-  if v_task.message_id is not null then
-    perform pgflow._lock_messages(v_task.queue_name, array[v_task.message_id]);
-  end if;
+  -- The messages before the task row, as everywhere: the task's own (normally archived already) and, for
+  -- 'fail', those of the run's live tasks, which the failure cancels or skips, all in the one order.
+  perform pgflow._lock_task_messages(resolve_stalled_task.run_id, resolve_stalled_task.step_slug,
+                                     resolve_stalled_task.task_index, action = 'fail', false);
   select t.* into v_task
   from pgflow.step_tasks t
   where t.run_id = resolve_stalled_task.run_id and t.step_slug = resolve_stalled_task.step_slug
