@@ -1,6 +1,7 @@
 //! Reliability of the worker: stale results from an earlier attempt are ignored, outputs PostgreSQL cannot
 //! store fail only their own task, claiming pauses while results cannot be recorded, shutdown is bounded and
-//! hands back a claim that was in flight, one maintenance sweep prunes as many retention batches as are due, and real roles with the documented grants run a flow.
+//! hands back a claim that was in flight, one maintenance sweep prunes as many retention batches as are due,
+//! and real roles with the documented grants run a flow.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
