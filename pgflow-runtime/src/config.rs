@@ -31,7 +31,7 @@ pub enum Compilation {
 /// | `dead_worker_timeout` | 10 s (`Some`) | a worker whose heartbeat is older is dead: its started tasks are requeued at once (`None`: leave it to stalled recovery, step timeout + 30 s) |
 /// | `maintenance_interval` | 5 s (`Some`) | how often this worker runs `pgflow.run_maintenance` (recovery and retention; one worker at a time) |
 /// | `retention` | 7 days (`Some`) | finished runs, their tasks and archived messages, and stopped workers older than this are deleted, in bounded batches, during maintenance (`None`: keep everything) |
-/// | `retention_batch` | 1000 | most runs deleted per maintenance sweep |
+/// | `retention_batch` | 1000 | most runs deleted per retention batch; a sweep runs further batches at once while they come back full, up to `maintenance_interval` |
 /// | `shutdown_grace` | 30 s | how long in-flight handlers may finish, and their results be recorded, after shutdown is requested |
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
@@ -79,7 +79,7 @@ pub struct WorkerConfig {
     pub maintenance_interval: Option<Duration>,
     /// Age at which finished history is deleted; `None` keeps everything.
     pub retention: Option<Duration>,
-    /// Most runs deleted per maintenance sweep.
+    /// Most runs deleted per retention batch (a sweep repeats full batches, for up to one maintenance interval).
     pub retention_batch: usize,
     /// Time in-flight handlers get to finish (and their results to be recorded) on shutdown.
     pub shutdown_grace: Duration,

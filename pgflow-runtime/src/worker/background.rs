@@ -160,6 +160,9 @@ fn interval(d: Duration) -> PgInterval {
 }
 
 /// Runs `pgflow.run_maintenance` every `interval` (first at startup); the SQL lets one caller at a time work.
+///
+/// Retention keeps up with any finish rate: while a sweep's retention batch comes back full, the next batch
+/// follows at once (each call its own short transaction), until one is not full or the interval has passed.
 pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationToken) {
     let mut ticker = tokio::time::interval(m.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -169,30 +172,44 @@ pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationTok
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let result: Result<Value, sqlx::Error> = sqlx::query_scalar(statements::RUN_MAINTENANCE)
-            .bind(m.dead_after.map(interval))
-            .bind(m.retention.map(interval))
-            .bind(batch)
-            .fetch_one(&pool)
-            .await;
-        match result {
-            Ok(r) => {
-                let stalled = r["stalled"].as_i64().unwrap_or(0);
-                let dead = r["dead"].as_i64().unwrap_or(0);
-                if stalled > 0 {
-                    tracing::warn!(requeued = stalled, "requeued stalled tasks");
-                }
-                if dead > 0 {
-                    tracing::warn!(
-                        recovered = dead,
-                        "recovered the tasks of workers whose heartbeat stopped"
-                    );
-                }
-                if r["pruned"]["runs"].as_i64().unwrap_or(0) > 0 {
-                    tracing::debug!(pruned = %r["pruned"], "retention pruned finished history");
-                }
+        let started = std::time::Instant::now();
+        while sweep(&pool, &m, batch).await
+            && started.elapsed() < m.interval
+            && !done.is_cancelled()
+        {}
+    }
+}
+
+/// One `pgflow.run_maintenance` call; returns whether its retention batch was full (more history is due).
+async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
+    let result: Result<Value, sqlx::Error> = sqlx::query_scalar(statements::RUN_MAINTENANCE)
+        .bind(m.dead_after.map(interval))
+        .bind(m.retention.map(interval))
+        .bind(batch)
+        .fetch_one(pool)
+        .await;
+    match result {
+        Ok(r) => {
+            let stalled = r["stalled"].as_i64().unwrap_or(0);
+            let dead = r["dead"].as_i64().unwrap_or(0);
+            if stalled > 0 {
+                tracing::warn!(requeued = stalled, "requeued stalled tasks");
             }
-            Err(e) => tracing::warn!(error = %e, "maintenance failed"),
+            if dead > 0 {
+                tracing::warn!(
+                    recovered = dead,
+                    "recovered the tasks of workers whose heartbeat stopped"
+                );
+            }
+            let pruned = r["pruned"]["runs"].as_i64().unwrap_or(0);
+            if pruned > 0 {
+                tracing::debug!(pruned = %r["pruned"], "retention pruned finished history");
+            }
+            pruned >= i64::from(batch)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "maintenance failed");
+            false
         }
     }
 }

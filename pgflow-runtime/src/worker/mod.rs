@@ -201,7 +201,7 @@ impl<K, C> WorkerBuilder<K, C> {
         maintenance_interval: Option<Duration>,
         /// Age at which finished history is deleted, `None` to keep everything (default 7 days).
         retention: Option<Duration>,
-        /// Most runs deleted per maintenance sweep (default 1000).
+        /// Most runs deleted per retention batch; a sweep repeats full batches for up to one interval (default 1000).
         retention_batch: usize,
         /// Cap of the backoff after database errors (default 5 s).
         poll_error_backoff_max: Duration,

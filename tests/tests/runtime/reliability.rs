@@ -1,6 +1,7 @@
 //! Reliability of the worker: stale results from an earlier attempt are ignored, outputs PostgreSQL cannot
 //! store fail only their own task, claiming pauses while results cannot be recorded, shutdown is bounded and
-//! hands back a claim that was in flight, and real roles with the documented grants run a flow.
+//! hands back a claim that was in flight, one maintenance sweep prunes as many retention batches as are due,
+//! and real roles with the documented grants run a flow.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
@@ -382,4 +383,56 @@ async fn a_worker_role_and_a_client_role_with_the_documented_grants_run_a_flow_e
             .await
             .unwrap();
     }
+}
+
+#[tokio::test]
+async fn one_maintenance_sweep_prunes_finished_history_in_as_many_batches_as_it_needs() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    // 250 runs of the quick flow finished two days ago: five batches of 50.
+    support::compile::<quick::Quick>(pool).await;
+    pool.execute(
+        "select count(*) from pgflow.start_flows('quickFlow',
+           (select array_agg(to_jsonb(g)) from generate_series(1, 250) g));
+         insert into pgflow.workers (worker_id, queue_name, function_name)
+           values ('00000000-0000-0000-0000-0000000000aa', 'quickFlow', 'history');
+         select count(*) from pgflow.start_tasks('quickFlow',
+           (select array_agg(msg_id) from pgmq.read('quickFlow', 60, 250)),
+           '00000000-0000-0000-0000-0000000000aa');
+         select count(*) from pgflow.complete_tasks(
+           (select array_agg(run_id order by run_id) from pgflow.step_tasks),
+           (select array_agg(step_slug order by run_id) from pgflow.step_tasks),
+           (select array_agg(task_index order by run_id) from pgflow.step_tasks),
+           (select array_agg('1'::jsonb) from pgflow.step_tasks),
+           (select array_agg(attempts_count order by run_id) from pgflow.step_tasks), null);
+         update pgflow.runs set started_at = now() - interval '3 days', completed_at = now() - interval '2 days';",
+    )
+    .await
+    .unwrap();
+    let finished: i64 =
+        sqlx::query_scalar("select count(*) from pgflow.runs where status = 'completed'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(finished, 250);
+
+    // The first sweep runs at startup; the next one would come a minute later, after the wait below gives up.
+    let worker = support::spawn_with(
+        support::fast(pgflow_runtime::Worker::<quick::Quick>::builder(
+            pool.clone(),
+        ))
+        .maintenance_interval(Some(Duration::from_secs(60)))
+        .retention(Some(Duration::from_secs(3600)))
+        .retention_batch(50),
+    )
+    .await;
+    pgflow_tests::wait_until(LIMIT, "the startup sweep to prune all 250 runs", || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from pgflow.runs")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+            == 0
+    })
+    .await;
+    worker.stop().await;
 }
