@@ -24,6 +24,7 @@ mod queue_names;
 mod queue_ownership;
 mod recovery;
 mod retries;
+mod review_defects_b;
 mod start_many;
 mod step_queues;
 mod step_support;
