@@ -53,6 +53,29 @@ async fn a_worker_role_cannot_recompile_destructively_with_allow_data_loss() {
     assert!(err.hint.is_some(), "{err:?}");
     assert!(run_exists(owner, run).await, "the run must survive");
 
+    // An admin session that has become the worker role (SET ROLE) is the worker role.
+    let mut as_worker = owner.acquire().await.unwrap();
+    sqlx::query(&format!("set role {}", role.name))
+        .execute(&mut *as_worker)
+        .await
+        .unwrap();
+    let err = db_error(
+        sqlx::query_scalar::<_, Value>(
+            "select pgflow.ensure_flow_compiled(flow_slug => 'dl', shape => $1, allow_data_loss => true)",
+        )
+        .bind(roots(&["a", "b"]))
+        .fetch_one(&mut *as_worker)
+        .await
+        .expect_err("SET ROLE to a worker role gives up the admin's rights"),
+    );
+    assert_eq!(err.code, "42501", "{err:?}");
+    assert!(err.message.contains(&role.name), "{err:?}");
+    sqlx::query("reset role")
+        .execute(&mut *as_worker)
+        .await
+        .unwrap();
+    drop(as_worker);
+
     // The owner may.
     let result = try_compile(owner, "dl", &roots(&["a", "b"]), "flow", true)
         .await
