@@ -7,10 +7,12 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Compilation {
     /// Create the flow when missing, accept an identical one, refuse to start on a different one
-    /// (unless the database is local, see `pgflow.is_local()`). The default.
+    /// (unless the database is local, see `pgflow.is_local()`, and the worker connects with an admin role).
+    /// Verification also recreates a queue of the flow that was dropped. The default.
     #[default]
     Verify,
-    /// Like `Verify`, but a different stored shape is replaced: **deletes the flow's runs**.
+    /// Like `Verify`, but a different stored shape is replaced: **deletes the flow's runs**. Needs an
+    /// admin role (the owner of schema `pgflow`); a worker role is refused with `42501`.
     AllowDataLoss,
     /// Do not call `ensure_flow_compiled`; the flow must already exist.
     Skip,

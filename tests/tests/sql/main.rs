@@ -25,6 +25,7 @@ mod queue_ownership;
 mod recovery;
 mod retries;
 mod review_defects;
+mod review_defects_b;
 mod start_many;
 mod step_queues;
 mod step_support;

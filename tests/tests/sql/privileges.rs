@@ -9,13 +9,13 @@ use sqlx::{Executor, PgPool};
 use uuid::Uuid;
 
 /// A login role of its own (cluster-wide, so the name is random), dropped with everything it owns at the end.
-struct Role {
-    name: String,
+pub(crate) struct Role {
+    pub(crate) name: String,
     admin: PgPool,
 }
 
 impl Role {
-    async fn create(db: &TestDb, what: &str) -> Role {
+    pub(crate) async fn create(db: &TestDb, what: &str) -> Role {
         let name = format!("pgflow_{what}_{:08x}", rand_suffix());
         db.pool()
             .execute(format!("create role {name} login password '{name}'").as_str())
@@ -27,7 +27,7 @@ impl Role {
         }
     }
 
-    async fn pool(&self, db: &TestDb) -> PgPool {
+    pub(crate) async fn pool(&self, db: &TestDb) -> PgPool {
         PgPoolOptions::new()
             .max_connections(2)
             .connect_with(db.options().username(&self.name).password(&self.name))
@@ -35,7 +35,7 @@ impl Role {
             .unwrap()
     }
 
-    async fn drop(self) {
+    pub(crate) async fn drop(self) {
         let sql = format!("drop owned by {0}; drop role {0}", self.name);
         self.admin.execute(sql.as_str()).await.unwrap();
     }
