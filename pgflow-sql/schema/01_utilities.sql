@@ -129,3 +129,27 @@ begin
   perform set_config('pgflow.planned_pages', v_pages::text, false);
 end;
 $$;
+
+-- The role behind this call: the session's current role (SET ROLE included), never the owner that a
+-- SECURITY DEFINER function runs as.
+create function pgflow._caller_role()
+returns text
+language sql
+stable
+set search_path = ''
+as $$
+  select coalesce(nullif(current_setting('role'), 'none'), session_user::text)
+$$;
+
+-- Whether the role behind this call is an admin, who may destroy data (delete a flow's runs) or touch queues
+-- that are not pgflow's: the owner of schema pgflow, a role with its privileges, or a superuser.
+create function pgflow._caller_is_admin()
+returns boolean
+language sql
+stable
+set search_path = ''
+as $$
+  select coalesce(bool_or(pg_has_role(pgflow._caller_role()::name, n.nspowner, 'USAGE')), false)
+  from pg_catalog.pg_namespace n
+  where n.nspname = 'pgflow'
+$$;

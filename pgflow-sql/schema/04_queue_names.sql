@@ -388,13 +388,10 @@ begin
 end;
 $$;
 
--- Creates the PGMQ queue `p_queue` unless it exists, with its signal row and its statements function. A new
--- queue's message ids continue after every id pgflow has recorded for that queue name: a queue that was
--- dropped and created again would otherwise restart at 1 and collide with historical tasks on unique
--- (queue_name, message_id).
 create function pgflow._ensure_queue(p_queue text)
 returns void
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
@@ -402,18 +399,18 @@ declare
   v_seq text;
 begin
   insert into pgflow.queue_signals (queue_name) values (lower(p_queue)) on conflict do nothing;
-  if pgflow._queue_meta_name(p_queue) is not null then
-    return;
+  if pgflow._queue_meta_name(p_queue) is null then
+    perform pgmq.create(p_queue);
+    perform pgflow._create_queue_ops(p_queue);
   end if;
-  perform pgmq.create(p_queue);
-  perform pgflow._create_queue_ops(p_queue);
+  -- Also when the queue exists: one dropped and created again by hand restarts its ids at 1.
   select max(t.message_id) into v_max from pgflow.step_tasks t where t.queue_name = lower(p_queue);
   if v_max is null then
     return;
   end if;
   v_seq := pg_get_serial_sequence(format('pgmq.%I', pgmq.format_table_name(p_queue, 'q')), 'msg_id');
-  if v_seq is not null then
-    perform setval(v_seq, greatest(v_max, coalesce(pg_sequence_last_value(v_seq::regclass), 0)));
+  if v_seq is not null and coalesce(pg_sequence_last_value(v_seq::regclass), 0) < v_max then
+    perform setval(v_seq, v_max);
   end if;
 end;
 $$;

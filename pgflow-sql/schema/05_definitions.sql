@@ -367,37 +367,18 @@ begin
 end;
 $$;
 
--- The only deployment path: workers call this at startup with their flow's complete ordered shape, its queue
--- mode and route map, and (optionally) the alias the version should serve.
---
---   flow_slug        concrete flow slug (one immutable version)
---   shape            the flow shape JSON (steps in order)
---   allow_data_loss  permit destructive recompilation outside a local database (default false)
---   queue_mode       'flow' (default), 'step' (private generated queues) or 'named' (the caller's queues)
---   routes           'step': NULL or the caller's route map, which must equal what SQL resolves (else PF002);
---                    'named': required, [{"step_slug": "...", "queue_name": "..."}, ...] routing every step
---                    exactly once (else PF015), each queue a valid name (PF014);
---                    'flow': NULL or the default queue for every step
---   alias            NULL (default: no alias is touched) or the stable name to point at this version once its
---                    complete shape and routing are persisted (PF018 when it is another flow's concrete slug)
---   adopt_queues     'named' only: adopt named queues that exist in PGMQ although pgflow did not create them
---                    (default false: PF017)
---
--- Before any mutation every name, ownership and alias check runs. Then, under the concrete-slug advisory lock:
---   flow missing                              -> create flow, steps and queues        -> {"status": "compiled"}
---   same shape, mode and route map            -> nothing (recreates a missing queue)  -> {"status": "verified"}
---   different, and local or allow_data_loss   -> delete flow, data and own queues,
---                                                recreate in the requested mode       -> {"status": "recompiled"}
---   shape differs (production)                -> nothing                              -> {"status": "mismatch"}
---   only mode or route map differs (prod.)    -> raises PF001 (routing error, MESSAGE / DETAIL / HINT)
--- When an alias is given and the version is compiled, verified or recompiled, the alias is activated in the
--- same transaction (pgflow._activate_alias: idempotent, records the previous target, emits alias:activated);
--- the result then also has "alias": {"alias", "flow_slug", "previous_flow_slug", "activated_at",
--- "activated"}. A mismatch activates nothing. Rollback is activating an older version again: its shape and
--- routing are untouched.
-create function pgflow.ensure_flow_compiled(flow_slug text, shape jsonb, allow_data_loss boolean default false, queue_mode text default 'flow'::text, routes jsonb default NULL::jsonb, alias text default NULL::text, adopt_queues boolean default false)
+create function pgflow.ensure_flow_compiled(
+  flow_slug text,
+  shape jsonb,
+  allow_data_loss boolean default false,
+  queue_mode text default 'flow',
+  routes jsonb default null,
+  alias text default null,
+  adopt_queues boolean default false
+)
 returns jsonb
 language plpgsql
+volatile
 security definer
 set search_path = ''
 as $$
@@ -418,6 +399,15 @@ declare
 begin
   perform pg_advisory_xact_lock(1, hashtext(lower(v_slug)));
 
+  if shape is null or jsonb_typeof(shape) <> 'object' or jsonb_typeof(shape -> 'steps') is distinct from 'array' then
+    raise exception 'Flow "%" cannot compile: its shape must be a JSON object with a "steps" array, got %.', v_slug,
+        case when shape is null then 'NULL'
+             when jsonb_typeof(shape) <> 'object' then 'a JSON ' || jsonb_typeof(shape)
+             else 'an object whose "steps" is ' || coalesce('a JSON ' || jsonb_typeof(shape -> 'steps'), 'missing')
+        end
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass the shape the worker builds for the flow: {"steps": [...], "options": {...}}, every step in order.';
+  end if;
   if v_mode not in ('flow', 'step', 'named') then
     raise exception 'ensure_flow_compiled(): queue_mode must be ''flow'', ''step'' or ''named'', got %',
         quote_literal(v_mode)
@@ -482,6 +472,10 @@ begin
   -- Every queue name this compilation may create, adopt or route to is claimed under its own lock, so two
   -- compilations of different flows that resolve to one name cannot both pass the ownership checks below.
   perform pgflow._lock_queue_names(v_queues || lower(v_slug));
+  -- Concrete slugs and aliases are one namespace: the slug and the alias are claimed under their name locks
+  -- (the lock activate_alias takes for an alias), so a new flow and an alias of the same name never both pass
+  -- the checks below.
+  perform pgflow._lock_names(array[v_slug, alias]);
 
   if routes is not null and v_mode <> 'named' then
     for i in 1 .. greatest(cardinality(v_req_steps), cardinality(v_steps)) loop
@@ -546,10 +540,21 @@ begin
       elsif v_mode = 'named' then
         v_adopt := pgflow._check_shared_queues(v_slug, v_steps, v_queues, adopt_queues);
         perform pgflow._provision_shared_queues(v_queues, v_adopt);
+      else
+        -- The flow's own queue, recreated when it was dropped (its message ids continue, see _ensure_queue).
+        perform pgflow._ensure_queue(lower(v_slug));
       end if;
       v_status := 'verified';
     elsif coalesce(allow_data_loss, false) or pgflow.is_local() then
-      -- Every check before the first mutation.
+      -- Every check before the first mutation. Deleting a flow's runs needs an admin role, whatever the
+      -- session says about being local.
+      if not pgflow._caller_is_admin() then
+        raise exception 'Flow "%" differs from its stored definition; recompiling it would delete every run of it, and role "%" may not do that.',
+            v_slug, pgflow._caller_role()
+          using errcode = 'insufficient_privilege',
+                detail = array_to_string(v_differences || v_routing, '; ') || '.',
+                hint = 'Deploy the new definition under a new concrete flow slug (a new version), or recompile as the owner of schema pgflow (or a role with its privileges).';
+      end if;
       if v_mode = 'step' then
         perform pgflow._assert_not_shared(v_slug, v_queues);
         perform pgflow._assert_step_queues_private(v_slug, v_steps, v_queues, false);
@@ -588,19 +593,32 @@ begin
 end;
 $$;
 
--- Destroys a flow with all its runs, tasks, aliases and its own queues (and their statements functions).
--- Local recompilation only; never used in production. Own queues: the queues its steps route to, the queues
--- recorded on its tasks, and (flow mode only) its default queue. A shared queue, or a queue another flow
--- routes a step to, is never dropped.
 create function pgflow.delete_flow_and_data(p_flow_slug text)
 returns void
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
   v_queue text;
   v_meta_name text;
+  v_ids bigint[];
 begin
+  -- The messages of the flow's tasks go with the tasks, on every queue (a queue that stays, shared or
+  -- another flow's, would otherwise keep messages that no task records).
+  for v_queue, v_ids in
+    select t.queue_name, array_agg(t.message_id order by t.message_id)
+    from pgflow.step_tasks t join pgflow.runs r on r.run_id = t.run_id
+    where r.flow_slug = p_flow_slug and t.message_id is not null
+    group by t.queue_name
+    order by t.queue_name
+  loop
+    v_meta_name := pgflow._queue_meta_name(v_queue);
+    if v_meta_name is not null then
+      perform pgmq.delete(v_meta_name, v_ids);
+    end if;
+  end loop;
+
   for v_queue in
     select distinct q from (
       select s.queue_name as q from pgflow.steps s where s.flow_slug = p_flow_slug

@@ -3,7 +3,8 @@
 -- THE LOCK ORDER. Every function of the SQL core that takes row locks takes them in this order, and never
 -- waits for an earlier kind while holding a later one:
 --
---   1. advisory locks: a flow slug's compile lock, then queue-name locks in sorted order (compilation); the
+--   1. advisory locks: the name locks of flow slugs and aliases (one namespace, in key order), a flow slug's
+--      compile lock, then queue-name locks in sorted order (compilation and alias activation); the
 --      maintenance lock (recovery and retention, try-only, never waited for);
 --   2. `pgflow.runs` rows (FOR NO KEY UPDATE): every change of a run's state is serialised on its run row;
 --      several runs in run_id order;
@@ -20,6 +21,34 @@
 -- then cancelled with its message archived) or with the cancellation first (the claim archives the message of
 -- the terminal task). Recovery paths (stalled tasks, dead workers) take messages and tasks with SKIP LOCKED,
 -- so they never wait at all.
+--
+-- WHO LOCKS WHAT, in the one lock order (advisory locks; runs in run-id order; messages per queue in message-id
+-- order, queues in name order; tasks; step states and run counters). "skip" = SKIP LOCKED, never waits.
+--   ensure_flow_compiled, activate_alias   advisory: the name locks of the slug and the alias (key space 3, one
+--                                          namespace, in key order), the slug's compile lock, queue-name
+--                                          locks (sorted)
+--   run_maintenance                        advisory maintenance lock (try only); then prune_history, then
+--                                          requeue_stalled_tasks, then requeue_dead_worker_tasks
+--   watch_run                              one run FOR SHARE
+--   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible: skip; explicit ids: waits, in
+--   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order
+--   complete_task(s) (_complete_tasks)     runs of the batch; the batch's messages plus, when an item can fail
+--                                          its run, the messages of that run's live tasks; then tasks, step
+--                                          states, run counters (_complete_task_exception, _advance_runs,
+--                                          cascade_resolve_conditions, _fail_run, _terminate_tasks re-take only
+--                                          locks already held)
+--   exchange                               _complete_tasks, then a claim whose messages are taken skip
+--   fail_task (both forms, _fail_task)     run; the task's message plus, when the failure can be final, the
+--                                          messages of the run's live tasks; then tasks, step states
+--   resolve_stalled_task                   run; the task's message plus, for 'fail', the run's live messages;
+--                                          task FOR UPDATE; then as _fail_task
+--   release_worker_tasks                   the worker's messages (per queue, message order), then tasks
+--   requeue_stalled_tasks                  messages skip, tasks skip; tasks whose message is gone: skip
+--   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
+--                                          _fail_task; others: messages skip, tasks skip
+--   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
+--                                          states, watcher rows, runs; archived messages; worker rows skip
+--   worker_heartbeat                       its worker row
 --
 -- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
 -- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.
@@ -314,22 +343,43 @@ begin
 end;
 $$;
 
--- Reads up to `qty` visible messages from `queue_name` and classifies and claims them for the worker's pairs
--- (as claim_tasks), in one call and one transaction. Never sleeps. The read locks the oldest visible messages
--- exactly as pgmq.read does (in message order, skipping those another transaction holds) but leaves their
--- visibility to the claim, which sets it once (`vt` seconds for messages not claimed). An empty read returns
--- no row.
-create function pgflow.read_and_claim_tasks(queue_name text, qty integer, vt integer, worker_id uuid, flow_slugs text[], step_slugs text[])
-returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
+create function pgflow.read_and_claim_tasks(
+  queue_name text,
+  qty int,
+  vt int,
+  worker_id uuid,
+  flow_slugs text[],
+  step_slugs text[]
+)
+returns table (
+  outcome text,
+  msg_id bigint,
+  flow_slug text,
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  input jsonb,
+  flow_input jsonb,
+  attempts_count int,
+  timeout int,
+  report jsonb
+)
 language plpgsql
+volatile
 security definer
 set search_path = ''
-set plan_cache_mode = 'force_generic_plan'
-set enable_seqscan = 'off'
+set plan_cache_mode = force_generic_plan
+set enable_seqscan = off
 as $$
 declare
   v_ids bigint[];
 begin
+  if read_and_claim_tasks.qty is null or read_and_claim_tasks.qty < 0 then
+    raise exception 'read_and_claim_tasks(): qty must be how many messages of queue "%" to read at most, got %.',
+        read_and_claim_tasks.queue_name, coalesce(read_and_claim_tasks.qty::text, 'NULL')
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass 0 or more (a worker passes its free handler slots); NULL is not "the whole queue".';
+  end if;
   -- Lock order step 3: the messages.
   v_ids := pgflow._queue_op(read_and_claim_tasks.queue_name, 'lock_visible', null, null,
                             read_and_claim_tasks.qty);
@@ -462,14 +512,22 @@ begin
 end;
 $$;
 
--- Batched set_vt: message msg_ids[i] becomes visible vt_offsets[i] seconds from now.
 create function pgflow.set_vt_batch(queue_name text, msg_ids bigint[], vt_offsets integer[])
-returns table(msg_id bigint, read_ct integer, enqueued_at timestamp with time zone, vt timestamp with time zone, message jsonb, headers jsonb)
+returns table (msg_id bigint, read_ct integer, enqueued_at timestamptz, vt timestamptz, message jsonb, headers jsonb)
 language plpgsql
+volatile
 security definer
 set search_path = ''
 as $$
 begin
+  -- A worker role changes only queues pgflow routes tasks to; an admin, any queue (as upstream).
+  if not exists (select 1 from pgflow.steps s where s.queue_name = lower(set_vt_batch.queue_name))
+     and not exists (select 1 from pgflow.shared_queues sq where sq.queue_name = lower(set_vt_batch.queue_name))
+     and not pgflow._caller_is_admin() then
+    raise exception 'set_vt_batch(): queue "%" is not a queue pgflow routes tasks to.', set_vt_batch.queue_name
+      using errcode = 'invalid_parameter_value',
+            hint = 'Pass the queue of a compiled flow''s step; other PGMQ queues are not pgflow''s to change.';
+  end if;
   if msg_ids is null or vt_offsets is null or coalesce(array_length(msg_ids, 1), 0) = 0 then
     return;
   end if;

@@ -8,6 +8,53 @@
 -- when the task is still started at that attempt (by that worker); otherwise it is 'stale' and changes
 -- nothing. Each item's outcome is a pgflow.task_outcome row.
 
+-- Locks the messages a failure of one task holds: the task's own and, with p_whole_run, those of every live
+-- (queued or started) task of its run, which a final failure cancels or skips. Per queue in message order,
+-- queues in name order, so that a final failure never locks a sibling's message after its own. With
+-- p_skip_locked (recovery, which never waits): returns false as soon as a message that still exists is held
+-- by another transaction; messages that are gone are not waited for either way.
+create function pgflow._lock_task_messages(
+  p_run_id uuid,
+  p_step_slug text,
+  p_task_index int,
+  p_whole_run boolean,
+  p_skip_locked boolean
+)
+returns boolean
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_group record;
+  v_locked bigint[];
+  v_busy boolean;
+begin
+  for v_group in
+    select t.queue_name, array_agg(t.message_id order by t.message_id) as ids
+    from pgflow.step_tasks t
+    where t.run_id = p_run_id and t.message_id is not null
+      and ((t.step_slug = p_step_slug and t.task_index = p_task_index)
+           or (p_whole_run and t.status in ('queued', 'started')))
+    group by t.queue_name
+    order by t.queue_name
+  loop
+    v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids, p_skip_locked);
+    if p_skip_locked and cardinality(v_locked) < cardinality(v_group.ids)
+       and to_regclass(format('pgmq.%I', pgmq.format_table_name(v_group.queue_name, 'q'))) is not null then
+      execute format('select exists (select 1 from pgmq.%I q where q.msg_id = any ($1) and q.msg_id <> all ($2))',
+                     pgmq.format_table_name(v_group.queue_name, 'q'))
+      into v_busy
+      using v_group.ids, v_locked;
+      if v_busy then
+        return false;
+      end if;
+    end if;
+  end loop;
+  return true;
+end;
+$$;
+
 create function pgflow._archive_task_message(p_run_id uuid, p_step_slug text, p_task_index integer)
 returns void
 language sql
@@ -100,32 +147,33 @@ begin
 end;
 $$;
 
--- Records a started task's failure; the one implementation behind fail_task (every form) and the operator's
--- resolve_stalled_task.
---
---   p_force_exhausted   no retry: the task fails as if its attempts were used up (the step's when_exhausted
---                       applies)
---   p_attempt/p_worker_id  NULL: unfenced (upstream's fail_task); otherwise the fence of _complete_task
---   p_retry_delay       seconds before the retry instead of the exponential backoff (NULL: the backoff);
---                       capped at pgflow._max_retry_delay_seconds()
--- Retry while attempts remain: back to `queued`, the message visible again after the delay. Otherwise the step's
--- when_exhausted: fail the step and the run, or skip the step (and, with skip-cascade, its dependents).
--- Returns whether this call applied the failure, and the task row afterwards.
-create function pgflow._fail_task(p_run_id uuid, p_step_slug text, p_task_index integer, p_error_message text, p_force_exhausted boolean, p_attempt integer, p_worker_id uuid, p_retry_delay integer, OUT applied boolean, OUT task pgflow.step_tasks)
-returns record
+create function pgflow._fail_task(
+  p_run_id uuid,
+  p_step_slug text,
+  p_task_index int,
+  p_error_message text,
+  p_force_exhausted boolean,
+  p_attempt int,
+  p_worker_id uuid,
+  p_retry_delay int,
+  out applied boolean,
+  out task pgflow.step_tasks
+)
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
   v_run_status text;
   v_flow_slug text;
-  v_queue text;
-  v_msg_id bigint;
   v_step_status text;
   v_max_attempts int;
   v_base_delay int;
   v_when_exhausted text;
   v_at timestamptz;
+  v_attempts int;
+  v_final boolean;
+  v_delay int;
 begin
   applied := false;
 
@@ -138,16 +186,21 @@ begin
     return;
   end if;
 
-  -- 2. The task's message.
-  select t.queue_name, t.message_id into v_queue, v_msg_id
+  -- 2. The messages: the task's own and, when this failure can be final (no attempt left, or forced), those of
+  --    every live task of the run, which a final failure cancels or skips. All of them in the one order
+  --    (queue name, message id), before any is held: never a sibling's message after the task's own.
+  select t.attempts_count into v_attempts
   from pgflow.step_tasks t
   where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index;
   if not found then
     return;
   end if;
-  if v_msg_id is not null then
-    perform pgflow._lock_messages(v_queue, array[v_msg_id]);
-  end if;
+  select coalesce(s.opt_max_attempts, f.opt_max_attempts) into v_max_attempts
+  from pgflow.steps s
+  join pgflow.flows f on f.flow_slug = s.flow_slug
+  where s.flow_slug = v_flow_slug and s.step_slug = p_step_slug;
+  v_final := coalesce(p_force_exhausted or v_attempts >= v_max_attempts, false);
+  perform pgflow._lock_task_messages(p_run_id, p_step_slug, p_task_index, v_final, false);
 
   -- 3. Then read the task, its step and the options, after the locks.
   select t.* into task
@@ -156,7 +209,9 @@ begin
 
   if v_run_status is distinct from 'started' or task.status <> 'started'
      or (p_attempt is not null and task.attempts_count is distinct from p_attempt)
-     or (p_worker_id is not null and task.last_worker_id is distinct from p_worker_id) then
+     or (p_worker_id is not null and task.last_worker_id is distinct from p_worker_id)
+     -- A claim started another attempt between the first read and the locks: the failure is of an earlier one.
+     or task.attempts_count is distinct from v_attempts then
     return;
   end if;
 
@@ -179,13 +234,25 @@ begin
 
   -- Retry: back to the queue, visible again after the backoff (or the handler's delay), never more than the cap.
   if not p_force_exhausted and task.attempts_count < v_max_attempts then
+    v_delay := case when p_retry_delay is null then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count)
+                    else least(greatest(p_retry_delay, 0), pgflow._max_retry_delay_seconds()) end;
     update pgflow.step_tasks t
-    set status = 'queued', started_at = null, error_message = p_error_message
+    set status = 'queued', started_at = null, error_message = p_error_message, permanently_stalled_at = null
     where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
     returning t.* into task;
-    perform pgmq.set_vt(task.queue_name, task.message_id,
-      case when p_retry_delay is null then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count)
-           else least(greatest(p_retry_delay, 0), pgflow._max_retry_delay_seconds()) end);
+    perform pgmq.set_vt(task.queue_name, task.message_id, v_delay);
+    -- The message is gone (archived when the task was marked permanently stalled, or purged): a fresh one,
+    -- visible after the same delay, so that the queued task can be claimed again.
+    if not found and to_regclass(format('pgmq.%I', pgmq.format_table_name(task.queue_name, 'q'))) is not null then
+      update pgflow.step_tasks t
+      set message_id = (select pgmq.send(task.queue_name, jsonb_build_object(
+            'flow_slug', task.flow_slug,
+            'run_id', task.run_id,
+            'step_slug', task.step_slug,
+            'task_index', task.task_index), v_delay))
+      where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
+      returning t.* into task;
+    end if;
     return;
   end if;
 
@@ -303,16 +370,17 @@ begin
 end;
 $$;
 
--- The one implementation of completion: records the outputs of a batch of tasks (item i = run_ids[i],
--- step_slugs[i], task_indexes[i], outputs[i], attempts[i]). An item is applied only while its task is `started`
--- in a started run, and, when attempts[i] is not NULL, with that attempt, and, when p_worker_id is not NULL,
--- claimed by that worker (the fence); a task named twice is applied once. Everything else changes nothing.
--- Dependents are released and started in the releasing update; runs advance through _advance_runs. Returns
--- one row per item that names an existing task: its position, whether this call applied it, and the task row
--- afterwards.
-create function pgflow._complete_tasks(p_run_ids uuid[], p_step_slugs text[], p_task_indexes integer[], p_outputs jsonb[], p_attempts integer[], p_worker_id uuid)
-returns table(ord integer, applied boolean, task pgflow.step_tasks)
+create function pgflow._complete_tasks(
+  p_run_ids uuid[],
+  p_step_slugs text[],
+  p_task_indexes int[],
+  p_outputs jsonb[],
+  p_attempts int[],
+  p_worker_id uuid
+)
+returns table (ord int, applied boolean, task pgflow.step_tasks)
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
@@ -344,14 +412,48 @@ begin
   -- Lock order 2: the runs of the batch, in run-id order.
   perform 1 from pgflow.runs r where r.run_id = any (p_run_ids) order by r.run_id for no key update;
 
-  -- Lock order 3: the tasks' messages, per queue.
+  -- Lock order 3: the tasks' messages, per queue in message order. A completion that can fail its run cancels
+  -- the run's other live tasks: their messages are locked here too, in the same order, never after the
+  -- batch's own. It can when a single step's non-array output feeds a map that has no task count yet, or when
+  -- it completes its step in a flow with a step that fails the run on an unmet condition.
   for v_group in
-    select t.queue_name, array_agg(t.message_id order by t.message_id) as ids
-    from unnest(p_run_ids, p_step_slugs, p_task_indexes) as i(run_id, step_slug, task_index)
-    join pgflow.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
-    where t.message_id is not null
-    group by t.queue_name
-    order by t.queue_name
+    with item as (
+      select t.run_id, t.flow_slug, t.step_slug, t.queue_name, t.message_id, i.output,
+             count(*) over (partition by t.run_id, t.step_slug) as n
+      from unnest(p_run_ids, p_step_slugs, p_task_indexes, p_outputs) as i(run_id, step_slug, task_index, output)
+      join pgflow.step_tasks t
+        on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+    ),
+    failing as (
+      select distinct it.run_id
+      from item it
+      join pgflow.steps s on s.flow_slug = it.flow_slug and s.step_slug = it.step_slug
+      where (s.step_type = 'single' and jsonb_typeof(it.output) is distinct from 'array'
+             and exists (
+               select 1
+               from pgflow.deps d
+               join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
+               join pgflow.step_states cst on cst.run_id = it.run_id and cst.step_slug = d.step_slug
+               where d.flow_slug = it.flow_slug and d.dep_slug = it.step_slug
+                 and cs.step_type = 'map' and cst.initial_tasks is null))
+         or (exists (select 1 from pgflow.step_states ss
+                     where ss.run_id = it.run_id and ss.step_slug = it.step_slug and ss.remaining_tasks <= it.n)
+             and exists (select 1 from pgflow.steps fs
+                         where fs.flow_slug = it.flow_slug and fs.when_unmet = 'fail'
+                           and (fs.required_input_pattern is not null or fs.forbidden_input_pattern is not null)))
+    ),
+    msg as (
+      select it.queue_name, it.message_id from item it where it.message_id is not null
+      union
+      select o.queue_name, o.message_id
+      from failing f
+      join pgflow.step_tasks o on o.run_id = f.run_id
+      where o.status in ('queued', 'started') and o.message_id is not null
+    )
+    select m.queue_name, array_agg(m.message_id order by m.message_id) as ids
+    from msg m
+    group by m.queue_name
+    order by m.queue_name
   loop
     perform pgflow._lock_messages(v_group.queue_name, v_group.ids);
   end loop;

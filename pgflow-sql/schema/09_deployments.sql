@@ -4,6 +4,23 @@
 -- checking and provisioning named shared queues, and the questions an operator asks before a rollout or a
 -- retirement (queue_coverage_gaps, version_retirable).
 
+-- Takes the name lock (advisory key space 3, the one activate_alias takes for an alias) of each of `p_names`
+-- in any letter case, in key order. Concrete slugs and aliases share these locks: they are one namespace.
+create function pgflow._lock_names(p_names text[])
+returns void
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_key int;
+begin
+  for v_key in select distinct hashtext(lower(n)) from unnest(p_names) as n where n is not null order by 1 loop
+    perform pg_advisory_xact_lock(3, v_key);
+  end loop;
+end;
+$$;
+
 -- Raises PF018 when a new concrete slug is already an alias of another flow.
 create function pgflow._assert_slug_not_alias(p_flow_slug text)
 returns void
@@ -357,16 +374,32 @@ as $$
   order by q.flow_slug, q.step_slug, q.reason;
 $$;
 
--- Whether concrete version `flow_slug` can be retired from queue `queue_name` (its handlers removed from the
--- workers of that queue): no alias points at it with a step routed there, no started run of it can still
--- reach the queue, and no executable or recoverable task of it remains there. Returns
---   {"flow_slug", "queue_name", "retirable", "blockers": [{"step_slug", "reason", "count", "examples"}]}
 create function pgflow.version_retirable(flow_slug text, queue_name text)
 returns jsonb
-language sql
-stable security definer
+language plpgsql
+stable
+security definer
 set search_path = ''
 as $$
+declare
+  v_known text;
+  v_hint text;
+  v_result jsonb;
+begin
+  if not exists (select 1 from pgflow.flows f where f.flow_slug = version_retirable.flow_slug) then
+    select string_agg(format('"%s"', k.flow_slug), ', ' order by k.flow_slug) into v_known
+    from (select f.flow_slug from pgflow.flows f order by f.flow_slug limit 50) k;
+    select coalesce(
+      (select format('Slugs are case-sensitive: did you mean "%s"?', f.flow_slug) from pgflow.flows f
+       where lower(f.flow_slug) = lower(version_retirable.flow_slug) limit 1),
+      (select format('"%s" is an alias of version "%s": pass the version''s concrete slug.', a.alias, a.flow_slug)
+       from pgflow.flow_aliases a where lower(a.alias) = lower(version_retirable.flow_slug) limit 1),
+      'Pass the concrete slug of a compiled version.') into v_hint;
+    raise exception 'version_retirable(): no flow has the slug "%".', version_retirable.flow_slug
+      using errcode = 'PF019',
+            detail = coalesce('Known flow slugs: ' || v_known || '.', 'No flow is compiled.'),
+            hint = v_hint;
+  end if;
   select jsonb_build_object(
     'flow_slug', version_retirable.flow_slug,
     'queue_name', lower(version_retirable.queue_name),
@@ -375,6 +408,9 @@ as $$
                                                       'count', q.count, 'examples', q.examples)
                                    order by q.step_slug, q.reason) filter (where q.flow_slug is not null),
                          '[]'::jsonb))
+  into v_result
   from pgflow._queue_requirements(version_retirable.queue_name) q
   where q.flow_slug = version_retirable.flow_slug;
+  return v_result;
+end;
 $$;

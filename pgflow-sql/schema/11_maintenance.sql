@@ -30,15 +30,16 @@ as $$
   where ss.status = 'started';
 $$;
 
--- The operator's decision for a permanently stalled task (requeued 3 times, still never finished):
---   * action 'retry': the task goes back to `queued` with a fresh message in its own queue and a new
---     requeue budget; its attempts_count is kept;
---   * action 'fail': the task fails as if it had exhausted its attempts (the step's when_exhausted applies:
---     fail the run, skip the step, or skip it with its dependents).
--- Returns the task row afterwards.
-create function pgflow.resolve_stalled_task(run_id uuid, step_slug text, task_index integer, action text, error_message text default 'Task stalled permanently'::text)
+create function pgflow.resolve_stalled_task(
+  run_id uuid,
+  step_slug text,
+  task_index int,
+  action text,
+  error_message text default 'Task stalled permanently'
+)
 returns setof pgflow.step_tasks
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
@@ -51,6 +52,10 @@ begin
 
   perform 1 from pgflow.runs r where r.run_id = resolve_stalled_task.run_id for no key update;
 
+  -- The messages before the task row, as everywhere: the task's own (normally archived already) and, for
+  -- 'fail', those of the run's live tasks, which the failure cancels or skips, all in the one order.
+  perform pgflow._lock_task_messages(resolve_stalled_task.run_id, resolve_stalled_task.step_slug,
+                                     resolve_stalled_task.task_index, action = 'fail', false);
   select t.* into v_task
   from pgflow.step_tasks t
   where t.run_id = resolve_stalled_task.run_id and t.step_slug = resolve_stalled_task.step_slug
@@ -90,16 +95,8 @@ begin
 end;
 $$;
 
--- Requeues started tasks whose worker went silent: a task is stalled once it has been started for longer than
--- its effective step timeout (coalesce(step, flow)) plus pgflow._stall_buffer_seconds(). Only tasks of started
--- runs and started steps are considered. Safe to call concurrently: rows another caller holds are skipped.
---   * fewer than 3 requeues so far: back to `queued`, message visible now, requeued_count + 1 (the attempt
---     that stalled stays counted; as upstream, the next claim counts another one);
---   * otherwise: permanently_stalled_at is set and the message archived; the task stays `started` until an
---     operator decides with resolve_stalled_task().
--- Returns the number of tasks requeued.
 create function pgflow.requeue_stalled_tasks()
-returns integer
+returns int
 language plpgsql
 security definer
 set search_path = ''
@@ -109,6 +106,8 @@ declare
   v_group record;
   v_locked bigint[];
   v_result record;
+  v_gone bigint[];
+  v_task record;
 begin
   for v_group in
     select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
@@ -150,25 +149,53 @@ begin
     if v_result.stalled is not null then
       perform pgmq.archive(v_group.queue_name, v_result.stalled);
     end if;
+
+    -- Tasks whose message is gone (a purge, an archive by hand) are recovered the same way: requeued with a
+    -- fresh message, visible now, or marked permanently stalled. Their rows are taken SKIP LOCKED too.
+    if cardinality(v_locked) < cardinality(v_group.ids)
+       and to_regclass(format('pgmq.%I', pgmq.format_table_name(v_group.queue_name, 'q'))) is not null then
+      execute format(
+        'select coalesce(array_agg(i.id), ''{}'') from unnest($1) as i(id)
+          where not exists (select 1 from pgmq.%I q where q.msg_id = i.id)',
+        pgmq.format_table_name(v_group.queue_name, 'q'))
+      into v_gone
+      using v_group.ids;
+      for v_task in
+        select t.run_id, t.step_slug, t.task_index, t.flow_slug, t.requeued_count
+        from pgflow.step_tasks t
+        where t.queue_name = v_group.queue_name and t.message_id = any (v_gone)
+          and t.status = 'started' and t.permanently_stalled_at is null
+        order by t.message_id
+        for update skip locked
+      loop
+        if v_task.requeued_count < 3 then
+          update pgflow.step_tasks t
+          set status = 'queued', started_at = null, last_worker_id = null,
+              requeued_count = t.requeued_count + 1, last_requeued_at = now(),
+              message_id = (select pgmq.send(v_group.queue_name, jsonb_build_object(
+                'flow_slug', v_task.flow_slug,
+                'run_id', v_task.run_id,
+                'step_slug', v_task.step_slug,
+                'task_index', v_task.task_index)))
+          where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
+          v_requeued := v_requeued + 1;
+        else
+          update pgflow.step_tasks t
+          set permanently_stalled_at = now()
+          where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
+        end if;
+      end loop;
+    end if;
   end loop;
 
   return v_requeued;
 end;
 $$;
 
--- Fast recovery from dead workers. A worker whose heartbeat is older than `dead_after` (and that has not
--- stopped) is dead: it is marked stopped, and each task it still has `started` is recovered at once instead of
--- waiting for the step timeout plus the stall buffer:
---   * with attempts left: back to `queued`, its message visible now, requeued_count + 1; the attempt the dead
---     worker used stays counted, and the next claim counts the next one (no extra attempt is consumed);
---   * with no attempt left (attempts_count >= max_attempts): the task fails as exhausted with the error
---     "worker <id> stopped responding during the last attempt", and the step's when_exhausted applies; a task
---     never runs more than max_attempts times this way.
--- A worker that was only slow (a long pause, a lost connection) is safe too: its late results are fenced to the
--- attempt and come back 'stale'. Returns the number of tasks recovered (requeued or failed).
 create function pgflow.requeue_dead_worker_tasks(dead_after interval)
-returns integer
+returns int
 language plpgsql
+volatile
 security definer
 set search_path = ''
 as $$
@@ -201,7 +228,10 @@ begin
     return 0;
   end if;
 
-  -- The last attempt died with its worker: fail it (run row, then message, then task, in run order).
+  -- The last attempt died with its worker: fail it (run row, then messages, then task, in run order). Recovery
+  -- never waits: the run row and every message the failure locks (those of the run's live tasks, which a
+  -- final failure cancels or skips) are taken SKIP LOCKED first, and a task whose run or messages another
+  -- transaction holds is left to the next sweep.
   for v_task in
     select c.run_id, c.step_slug, c.task_index, c.attempts_count, c.max_attempts, c.last_worker_id
     from pgflow._started_tasks() c
@@ -209,6 +239,9 @@ begin
       and c.attempts_count >= c.max_attempts
     order by c.run_id, c.step_slug, c.task_index
   loop
+    perform 1 from pgflow.runs r where r.run_id = v_task.run_id for no key update skip locked;
+    continue when not found;
+    continue when not pgflow._lock_task_messages(v_task.run_id, v_task.step_slug, v_task.task_index, true, true);
     if (select f.applied from pgflow._fail_task(v_task.run_id, v_task.step_slug, v_task.task_index,
           format('worker %s stopped responding during the last attempt (%s of %s)', v_task.last_worker_id,
                  v_task.attempts_count, v_task.max_attempts),
@@ -274,15 +307,10 @@ begin
 end;
 $$;
 
--- Bounded retention: deletes at most `max_runs` runs that finished (completed or failed) before
--- now() - older_than, with their step states, tasks and the tasks' messages (live or archived, each in the
--- task's queue); at most `max_runs` * 10 archived messages older than the cutoff in each queue pgflow routes to;
--- and at most `max_runs` worker rows that stopped (or last beat) before the cutoff and that no retained task
--- names. Started runs, definitions and live workers are never touched. Returns {"runs", "archived_messages", "workers"}: how many rows went.
--- Call it again while any count equals its bound.
-create function pgflow.prune_history(older_than interval, max_runs integer default 1000)
+create function pgflow.prune_history(older_than interval, max_runs int default 1000)
 returns jsonb
 language plpgsql
+volatile
 set search_path = ''
 as $$
 declare
@@ -325,6 +353,7 @@ begin
     end if;
   end loop;
 
+  delete from pgflow.run_watchers w where w.run_id = any (v_run_ids);
   delete from pgflow.step_tasks t where t.run_id = any (v_run_ids);
   delete from pgflow.step_states ss where ss.run_id = any (v_run_ids);
   delete from pgflow.runs r where r.run_id = any (v_run_ids);
@@ -357,16 +386,14 @@ begin
 end;
 $$;
 
--- One maintenance sweep, run by workers periodically; at most one caller at a time does the work (a
--- transaction-scoped advisory lock; the others return at once with "skipped": true):
---   * requeue_stalled_tasks();
---   * requeue_dead_worker_tasks(dead_after) when dead_after is given;
---   * prune_history(retain_for, prune_batch) when retain_for is given (one bounded batch per sweep);
---   * the run_watchers rows of sessions that have ended are removed.
--- Returns {"skipped", "stalled", "dead", "pruned": {...} | null}.
-create function pgflow.run_maintenance(dead_after interval default NULL::interval, retain_for interval default NULL::interval, prune_batch integer default 1000)
+create function pgflow.run_maintenance(
+  dead_after interval default null,
+  retain_for interval default null,
+  prune_batch int default 1000
+)
 returns jsonb
 language plpgsql
+volatile
 security definer
 set search_path = ''
 as $$
@@ -378,11 +405,13 @@ begin
   if not pg_try_advisory_xact_lock(pgflow._maintenance_lock_key()) then
     return jsonb_build_object('skipped', true, 'stalled', 0, 'dead', 0, 'pruned', null);
   end if;
-  v_stalled := pgflow.requeue_stalled_tasks();
-  v_dead := case when dead_after is null then 0 else pgflow.requeue_dead_worker_tasks(dead_after) end;
+  -- Retention first, while this transaction holds nothing else: it is the one part that waits for the
+  -- messages it deletes. Recovery after it takes every row SKIP LOCKED and waits for nothing.
   if retain_for is not null then
     v_pruned := pgflow.prune_history(retain_for, prune_batch);
   end if;
+  v_stalled := pgflow.requeue_stalled_tasks();
+  v_dead := case when dead_after is null then 0 else pgflow.requeue_dead_worker_tasks(dead_after) end;
   delete from pgflow.run_watchers w
   where not exists (select 1 from pg_catalog.pg_stat_activity a where a.pid = w.backend_pid);
   return jsonb_build_object('skipped', false, 'stalled', v_stalled, 'dead', v_dead, 'pruned', v_pruned);
