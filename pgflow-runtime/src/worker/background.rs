@@ -76,7 +76,7 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// The channel on which new tasks signal their queue (payload: the queue name; see migration 0017).
+/// The channel on which new tasks signal their queue (payload: the queue name; see `pgflow._signal_queues` in pgflow-sql/schema/03_events.sql).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
 
 /// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its

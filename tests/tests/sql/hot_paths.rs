@@ -222,7 +222,7 @@ async fn insert_finished_diamond_runs(pool: &sqlx::PgPool, n: i32) {
 
 /// Small tables too. A generic plan costs `run_id = any($1)` as ten keys, and on a table of a few hundred rows
 /// one pass over the table looks cheaper than ten index probes; the hot-path functions turn sequential scans
-/// off (migration 0020), so a diamond run driven through `start_flow` and `pgflow.exchange` on a small
+/// off, so a diamond run driven through `start_flow` and `pgflow.exchange` on a small
 /// installation reads runs, step states and tasks by index only.
 #[tokio::test]
 async fn a_diamond_through_exchange_probes_indexes_on_small_tables() {
@@ -258,12 +258,12 @@ async fn index_reads(pool: &sqlx::PgPool) -> i64 {
     .unwrap()
 }
 
-/// A session keeps its generic plans (migration 0019), and the planner sizes a table by its pages at planning
+/// A session keeps its generic plans, and the planner sizes a table by its pages at planning
 /// time. A session that planned while the tables were empty took them for a few rows and, with sequential
 /// scans off, looped over whole indexes once they had grown: one diamond run read over 100,000 index entries
 /// (up to 320,000) after 3,000 runs had arrived. `pgflow.exchange` now replans a session once the tables have
 /// more than doubled since it planned, and task creation finds runs by key whatever their statistics
-/// (migration 0026): the run reads about 150.
+///: the run reads about 150.
 #[tokio::test]
 async fn a_session_that_planned_on_empty_tables_replans_once_they_have_grown() {
     let db = test_db().await;
@@ -437,7 +437,7 @@ fn claimed_timeout(rows: &[sqlx::postgres::PgRow]) -> i32 {
         .expect("a claimed task")
 }
 
-/// A claim writes each message once (migration 0021). The exchange's read locks the messages without
+/// A claim writes each message once. The exchange's read locks the messages without
 /// touching them and the claim then sets visibility, `read_ct` and `last_read_at` in one update, where
 /// `pgmq.read` followed by the claim updated every claimed message twice.
 #[tokio::test]
@@ -545,7 +545,7 @@ async fn an_exchange_hides_a_message_it_cannot_claim_for_the_read_visibility() {
 }
 
 /// A new run writes each of its step states once: when no root step needs the cascade, start_flow inserts
-/// the root steps started instead of inserting them created and updating them (migration 0022). The run
+/// the root steps started instead of inserting them created and updating them. The run
 /// is started as before: each root step started with its task queued and its message sent.
 #[tokio::test]
 async fn starting_a_run_writes_each_step_state_once() {
@@ -582,7 +582,7 @@ async fn starting_a_run_writes_each_step_state_once() {
 }
 
 /// A completion writes each dependent step state once: when the steps it makes ready take the plain start,
-/// the update that releases them also starts them (migration 0023), instead of a second update from
+/// the update that releases them also starts them, instead of a second update from
 /// _advance_runs. They start as before: started with their tasks queued and their messages sent, step:started
 /// in step order; a dependent still waiting for another dependency is only released.
 #[tokio::test]
