@@ -13,6 +13,7 @@ use sqlx::{PgPool, Postgres};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
+use crate::decode::text_enum;
 use crate::deployment::Deployment;
 use crate::flow::Flow;
 use crate::statements;
@@ -515,24 +516,20 @@ impl Client {
 
     /// `Some(output)` when completed, an error when failed or missing, `None` while running.
     async fn outcome(&self, run_id: Uuid) -> Result<Option<Value>, WaitError> {
-        type Row = (String, Option<Value>, Option<String>, Option<String>);
+        type Row = (RunStatus, Option<Value>, Option<String>, Option<String>);
         let row: Option<Row> = sqlx::query_as(statements::RUN_OUTCOME)
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;
         match row {
             None => Err(WaitError::NotFound { run_id }),
-            Some((status, output, _, _)) if status == "completed" => {
-                Ok(Some(output.unwrap_or(Value::Null)))
-            }
-            Some((status, _, failed_step, error_message)) if status == "failed" => {
-                Err(WaitError::Failed {
-                    run_id,
-                    failed_step,
-                    error_message,
-                })
-            }
-            Some(_) => Ok(None),
+            Some((RunStatus::Completed, output, _, _)) => Ok(Some(output.unwrap_or(Value::Null))),
+            Some((RunStatus::Failed, _, failed_step, error_message)) => Err(WaitError::Failed {
+                run_id,
+                failed_step,
+                error_message,
+            }),
+            Some((RunStatus::Started, ..)) => Ok(None),
         }
     }
 }
@@ -617,20 +614,34 @@ impl<F: Flow> fmt::Debug for RunHandle<F> {
     }
 }
 
-/// A run's status.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum RunStatus {
-    /// Running.
-    Started,
-    /// Every step finished.
-    Completed,
-    /// A step failed the run.
-    Failed,
-    /// A status this build does not know.
-    #[serde(other)]
-    Unknown,
+text_enum! {
+    /// A run's status (`pgflow.runs.status`).
+    #[non_exhaustive]
+    pub enum RunStatus {
+        /// Running.
+        Started = "started",
+        /// Every step finished.
+        Completed = "completed",
+        /// A step failed the run.
+        Failed = "failed",
+    }
+}
+
+text_enum! {
+    /// A step's status in a run (`pgflow.step_states.status`).
+    #[non_exhaustive]
+    pub enum StepStatus {
+        /// Waiting for its dependencies.
+        Created = "created",
+        /// Its tasks are queued or running.
+        Started = "started",
+        /// Every task finished.
+        Completed = "completed",
+        /// A task failed it.
+        Failed = "failed",
+        /// A condition skipped it (see [`StepState::skip_reason`]).
+        Skipped = "skipped",
+    }
 }
 
 /// A run with its step states, as `pgflow.get_run_with_states` returns it.
@@ -684,8 +695,8 @@ pub struct RunRow {
 pub struct StepState {
     /// The step slug.
     pub step_slug: String,
-    /// `created`, `started`, `completed`, `failed` or `skipped`.
-    pub status: String,
+    /// The status.
+    pub status: StepStatus,
     /// Tasks not finished yet.
     #[serde(default)]
     pub remaining_tasks: Option<i32>,

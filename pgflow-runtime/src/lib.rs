@@ -59,6 +59,7 @@ pub use pgflow_sql as sql;
 pub mod client;
 pub mod config;
 pub mod context;
+mod decode;
 pub mod deployment;
 pub mod error;
 pub mod flow;

@@ -19,8 +19,11 @@
 //! default feature `install`; without it the crate depends on nothing but `thiserror`.
 
 pub mod names;
+mod sqlstate;
 #[cfg(feature = "throwaway")]
 pub mod throwaway;
+
+pub use sqlstate::SqlState;
 
 #[cfg(feature = "install")]
 use sha2::{Digest, Sha256};

@@ -5,14 +5,15 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::types::Json;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::answers::{Heartbeat, MaintenanceReport};
 use super::drive::OwnBackends;
 use super::retry::Backoff;
 use super::StopReason;
@@ -35,12 +36,13 @@ pub(crate) async fn heartbeat(
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let beat: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(statements::HEARTBEAT)
-            .bind(worker_id)
-            .fetch_one(&pool)
-            .await;
+        let beat: Result<Option<Json<Heartbeat>>, sqlx::Error> =
+            sqlx::query_scalar(statements::HEARTBEAT)
+                .bind(worker_id)
+                .fetch_one(&pool)
+                .await;
         let state = match beat {
-            Ok(Some(state)) => state,
+            Ok(Some(Json(state))) => state,
             Ok(None) => {
                 tracing::warn!(%worker_id, "heartbeat found no `pgflow.workers` row for this worker");
                 continue;
@@ -50,13 +52,13 @@ pub(crate) async fn heartbeat(
                 continue;
             }
         };
-        if state["revived"] == Value::Bool(true) {
+        if state.revived {
             tracing::warn!(%worker_id, "this worker was declared dead (its heartbeat went missing) and registered again; \
                 the tasks it had started were recovered, and their late results will be ignored as stale");
         }
-        let why = if state["deprecated"] == Value::Bool(true) {
+        let why = if state.deprecated {
             StopReason::Deprecated
-        } else if state["enabled"] == Value::Bool(false) {
+        } else if !state.enabled {
             StopReason::Disabled
         } else {
             continue;
@@ -76,7 +78,7 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// The channel on which new tasks signal their queue (payload: the queue name; see migration 0017).
+/// The channel on which new tasks signal their queue (payload: the queue name).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
 
 /// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its
@@ -169,27 +171,31 @@ pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationTok
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let result: Result<Value, sqlx::Error> = sqlx::query_scalar(statements::RUN_MAINTENANCE)
-            .bind(m.dead_after.map(interval))
-            .bind(m.retention.map(interval))
-            .bind(batch)
-            .fetch_one(&pool)
-            .await;
+        let result: Result<Json<MaintenanceReport>, sqlx::Error> =
+            sqlx::query_scalar(statements::RUN_MAINTENANCE)
+                .bind(m.dead_after.map(interval))
+                .bind(m.retention.map(interval))
+                .bind(batch)
+                .fetch_one(&pool)
+                .await;
         match result {
-            Ok(r) => {
-                let stalled = r["stalled"].as_i64().unwrap_or(0);
-                let dead = r["dead"].as_i64().unwrap_or(0);
-                if stalled > 0 {
-                    tracing::warn!(requeued = stalled, "requeued stalled tasks");
+            Ok(Json(r)) => {
+                if r.stalled > 0 {
+                    tracing::warn!(requeued = r.stalled, "requeued stalled tasks");
                 }
-                if dead > 0 {
+                if r.dead > 0 {
                     tracing::warn!(
-                        recovered = dead,
+                        recovered = r.dead,
                         "recovered the tasks of workers whose heartbeat stopped"
                     );
                 }
-                if r["pruned"]["runs"].as_i64().unwrap_or(0) > 0 {
-                    tracing::debug!(pruned = %r["pruned"], "retention pruned finished history");
+                if let Some(p) = r.pruned.filter(|p| p.runs > 0) {
+                    tracing::debug!(
+                        runs = p.runs,
+                        archived_messages = p.archived_messages,
+                        workers = p.workers,
+                        "retention pruned finished history"
+                    );
                 }
             }
             Err(e) => tracing::warn!(error = %e, "maintenance failed"),

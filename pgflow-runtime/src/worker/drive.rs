@@ -53,7 +53,8 @@ use uuid::Uuid;
 
 use super::claim::{ClaimError, ClaimOutcome, Claimed, Claimer, Exchanged, Unsupported};
 use super::execute::{self, Shared};
-use super::record::{describe, Recorder, TaskResult, RECORD_PATIENCE};
+use super::record::{describe, Recorder, RECORD_PATIENCE};
+use super::result::TaskResult;
 use super::retry::{jitter, transient, Backoff};
 use super::StopReason;
 use crate::config::WorkerConfig;
@@ -590,7 +591,7 @@ fn log_join(joined: Result<(), tokio::task::JoinError>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::record::{Outcome, TaskKey};
+    use super::super::result::{Outcome, TaskKey};
     use super::*;
 
     #[test]

@@ -8,6 +8,7 @@
 //! (`execute`) and records (`record`) until it stops, with heartbeats and maintenance beside it (`background`)
 //! and one retry policy (`retry`).
 
+mod answers;
 mod background;
 mod claim;
 mod connect;
@@ -17,6 +18,7 @@ mod execute;
 mod record;
 mod registry;
 mod report;
+mod result;
 mod retry;
 mod serve;
 mod startup;

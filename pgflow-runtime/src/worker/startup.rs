@@ -8,9 +8,11 @@
 //! every check has passed: a fenced or refused start leaves them where they were.
 
 use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::answers::{AliasActivated, Compilation as Compiling, Compiled, FunctionState};
 use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
 use super::registry::{FlowEntry, QueueMode, Registry};
 use super::report::{AliasActivation, CompileStatus, DeploymentStatus};
@@ -91,7 +93,7 @@ pub(crate) async fn prepare(
         }
     }
 
-    let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
+    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
         .bind(&function_name)
         .bind(&registry.queue)
@@ -106,7 +108,7 @@ pub(crate) async fn prepare(
                 e,
             )
         })?;
-    if state["enabled"] == Value::Bool(false) {
+    if !state.enabled {
         // Registered but fenced: record it as stopped at once, so monitoring does not count it.
         sqlx::query(statements::MARK_WORKER_STOPPED)
             .bind(worker_id)
@@ -115,7 +117,7 @@ pub(crate) async fn prepare(
             .during("marking the worker stopped")?;
         return Err(WorkerError::FunctionDisabled {
             function_name,
-            reason: state["disabled_reason"].as_str().map(str::to_owned),
+            reason: state.disabled_reason,
         });
     }
     Ok(Prepared {
@@ -152,15 +154,15 @@ fn check_registry(registry: &Registry) -> Result<(), WorkerError> {
 /// A fenced worker function stops here, before it activates anything (`register_worker` checks again: the
 /// fence may land in between).
 async fn check_fence(pool: &PgPool, function_name: &str) -> Result<(), WorkerError> {
-    let state: Value = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
+    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
         .bind(function_name)
         .fetch_one(pool)
         .await
         .during("checking the worker function's fence")?;
-    if state["enabled"] == Value::Bool(false) {
+    if !state.enabled {
         return Err(WorkerError::FunctionDisabled {
             function_name: function_name.to_owned(),
-            reason: state["disabled_reason"].as_str().map(str::to_owned),
+            reason: state.disabled_reason,
         });
     }
     Ok(())
@@ -172,25 +174,22 @@ async fn activate(
     flow_slug: &'static str,
     alias: &'static str,
 ) -> Result<AliasActivation, WorkerError> {
-    let result: Value = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
+    let Json(result): Json<AliasActivated> = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
         .bind(alias)
         .bind(flow_slug)
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| routing_or_database(flow_slug, "activating the alias", e))?;
-    match result["activated"].as_bool() {
-        Some(true) => Ok(AliasActivation::Activated {
+    Ok(if result.activated {
+        AliasActivation::Activated {
             alias: alias.to_owned(),
-            previous_flow_slug: result["previous_flow_slug"].as_str().map(str::to_owned),
-        }),
-        Some(false) => Ok(AliasActivation::AlreadyActive {
+            previous_flow_slug: result.previous_flow_slug,
+        }
+    } else {
+        AliasActivation::AlreadyActive {
             alias: alias.to_owned(),
-        }),
-        None => Err(WorkerError::UnexpectedResult {
-            during: "activating the alias",
-            result: format!("activate_alias {result}"),
-        }),
-    }
+        }
+    })
 }
 
 /// Every pair the queue can carry must be one this worker runs (`pgflow.queue_coverage_gaps`); checked in the
@@ -201,7 +200,7 @@ async fn check_coverage(
     flow_slugs: &[&'static str],
     step_slugs: &[&'static str],
 ) -> Result<(), WorkerError> {
-    type Row = (String, String, String, i64, Value, String);
+    type Row = (String, String, GapReason, i64, Json<Vec<Value>>, String);
     let rows: Vec<Row> = sqlx::query_as(statements::QUEUE_COVERAGE_GAPS)
         .bind(queue)
         .bind(flow_slugs)
@@ -215,19 +214,19 @@ async fn check_coverage(
     let gaps = rows
         .into_iter()
         .map(
-            |(flow_slug, step_slug, reason, count, examples, repair)| CoverageGap {
+            |(flow_slug, step_slug, reason, count, Json(examples), repair)| CoverageGap {
                 flow_slug,
                 step_slug,
-                reason: GapReason::parse(&reason),
+                reason,
                 count,
+                // Alias names and run ids are strings; a task is `{"run_id", "msg_id"}`.
                 examples: examples
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned))
-                            .collect()
+                    .into_iter()
+                    .map(|e| match e {
+                        Value::String(s) => s,
+                        other => other.to_string(),
                     })
-                    .unwrap_or_default(),
+                    .collect(),
                 repair,
             },
         )
@@ -335,7 +334,7 @@ async fn compile(
         Compilation::AllowDataLoss => true,
     };
     let (queue_mode, routes) = flow.compile_arguments();
-    let result: Value = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
+    let Json(result): Json<Compiling> = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
         .bind(flow.slug)
         .bind(&flow.shape)
         .bind(allow_data_loss)
@@ -345,35 +344,21 @@ async fn compile(
         .fetch_one(pool)
         .await
         .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
-    let differences: Vec<String> = result["differences"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|d| d.as_str().map_or_else(|| d.to_string(), str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let status = match result["status"].as_str() {
-        Some("compiled") => CompileStatus::Compiled,
-        Some("verified") => CompileStatus::Verified,
-        Some("recompiled") => {
+    let status = match result.status {
+        Compiled::Compiled => CompileStatus::Compiled,
+        Compiled::Verified => CompileStatus::Verified,
+        Compiled::Recompiled => {
             tracing::warn!(
                 flow = flow.slug,
-                differences = ?differences,
+                differences = ?result.differences,
                 "flow recompiled: its previous definition and every run of it were deleted"
             );
             CompileStatus::Recompiled
         }
-        Some("mismatch") => {
+        Compiled::Mismatch => {
             return Err(WorkerError::ShapeMismatch {
                 flow_slug: flow.slug.to_owned(),
-                differences,
-            })
-        }
-        other => {
-            return Err(WorkerError::UnexpectedResult {
-                during: "compiling the flow",
-                result: format!("ensure_flow_compiled status {other:?}"),
+                differences: result.differences,
             })
         }
     };

@@ -6,6 +6,7 @@ use pgflow_runtime::client::{start_flow, start_flows};
 use pgflow_runtime::{flow, Client, RunStatus, StepError, WaitError};
 
 use crate::support::{self, LIMIT};
+use pgflow_runtime::client::StepStatus;
 
 #[flow(slug = "greetFlow", input = String)]
 mod greet {
@@ -49,7 +50,7 @@ async fn a_run_started_in_a_rolled_back_transaction_never_exists() {
     let state = client.run(run_id).await.unwrap().unwrap();
     assert_eq!(state.run.status, RunStatus::Started);
     assert_eq!(state.run.flow_slug, "greetFlow");
-    assert_eq!(state.step("hello").unwrap().status, "started");
+    assert_eq!(state.step("hello").unwrap().status, StepStatus::Started);
 }
 
 #[tokio::test]

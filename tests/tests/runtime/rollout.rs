@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::support::{self, LIMIT};
+use pgflow_runtime::sql::SqlState;
 
 const V1: &str = "communityThreadsV1";
 const V2: &str = "communityThreadsV2";
@@ -460,7 +461,7 @@ async fn a_refused_start_of_a_retired_build_leaves_the_alias_where_it_was_and_an
         .await
         .unwrap_err();
     let db_err = err.as_database_error().unwrap();
-    assert_eq!(db_err.code().as_deref(), Some("PF019"));
+    assert_eq!(SqlState::of(&err), Some(SqlState::AliasTargetMissing));
     assert!(db_err.message().contains("communityThreadsV9"), "{err}");
 
     // The current build starts and the waiting run completes.

@@ -50,6 +50,7 @@ mod community {
 }
 
 use community::{Community, Step};
+use pgflow_runtime::sql::SqlState;
 
 /// Threads whose text starts with this belong to the test of several classify workers.
 const SPREAD_MARK: &str = "spread: ";
@@ -246,7 +247,7 @@ async fn a_flow_compiled_with_one_queue_refuses_step_workers_with_the_routing_er
     let WorkerError::Routing { code, .. } = &err else {
         panic!("expected a routing error, got {err}");
     };
-    assert_eq!(code, "PF001");
+    assert_eq!(*code, SqlState::RoutingChanged);
     assert!(err.to_string().contains("Hint:"), "{err}");
     // And the other way round: a plain worker for a step-queued flow.
     let db = pgflow_tests::test_db().await;
