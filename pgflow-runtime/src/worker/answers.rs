@@ -61,7 +61,7 @@ pub(crate) struct AliasActivated {
 
 text_enum! {
     /// `pgflow.ensure_flow_compiled`'s `status`.
-    pub(crate) enum Compiled {
+    pub(crate) enum CompileAnswer {
         /// The flow was new and was created.
         Compiled = "compiled",
         /// The stored flow matched.
@@ -77,7 +77,7 @@ text_enum! {
 #[derive(Debug, Deserialize)]
 pub(crate) struct Compilation {
     /// What it did.
-    pub(crate) status: Compiled,
+    pub(crate) status: CompileAnswer,
     /// How the stored flow differs (empty when it matched or was new).
     pub(crate) differences: Vec<String>,
 }
@@ -104,12 +104,12 @@ mod tests {
         );
         let c: Compilation =
             serde_json::from_value(json!({"status": "verified", "differences": []})).unwrap();
-        assert_eq!(c.status, Compiled::Verified);
+        assert_eq!(c.status, CompileAnswer::Verified);
         let unknown =
             serde_json::from_value::<Compilation>(json!({"status": "adopted", "differences": []}));
         assert!(unknown
             .unwrap_err()
             .to_string()
-            .contains("unknown Compiled `adopted`"));
+            .contains("unknown CompileAnswer `adopted`"));
     }
 }

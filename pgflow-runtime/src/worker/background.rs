@@ -2,7 +2,7 @@
 //! signals (idle workers wake when work arrives), and maintenance (stalled and dead-worker recovery,
 //! retention).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::types::PgInterval;
@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::answers::{Heartbeat, MaintenanceReport};
-use super::drive::OwnBackends;
 use super::retry::Backoff;
 use super::StopReason;
 use crate::statements;
@@ -80,6 +79,32 @@ pub(crate) async fn heartbeat(
 
 /// The channel on which new tasks signal their queue (payload: the queue name).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
+
+/// The server processes of a worker's exchanges. A signal sent by the worker's own exchange is about
+/// tasks that exchange has just claimed (or left for later claims it makes anyway): waking for it would
+/// only spend a round trip on an empty claim. Other workers of the queue still wake for it.
+#[derive(Clone, Default)]
+pub(crate) struct OwnBackends(Arc<Mutex<Vec<u32>>>);
+
+impl OwnBackends {
+    /// Connections come and go with the pool: only the most recent few are remembered.
+    const KEEP: usize = 16;
+
+    pub(crate) fn add(&self, pid: u32) {
+        let mut pids = self.0.lock().expect("backend list lock");
+        if !pids.contains(&pid) {
+            if pids.len() == Self::KEEP {
+                pids.remove(0);
+            }
+            pids.push(pid);
+        }
+    }
+
+    /// Whether `pid` ran one of this worker's exchanges.
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.0.lock().expect("backend list lock").contains(&pid)
+    }
+}
 
 /// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its
 /// own, opened with the pool's settings but outside it, so that it never takes a connection the worker's

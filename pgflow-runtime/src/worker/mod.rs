@@ -10,6 +10,7 @@
 
 mod answers;
 mod background;
+mod batch;
 mod claim;
 mod connect;
 mod drive;

@@ -11,9 +11,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::background::OwnBackends;
 use super::background::{self, Maintenance};
 use super::claim::{Claimer, Unsupported};
-use super::drive::{Driver, Fatal, OwnBackends};
+use super::drive::{Driver, Fatal};
 use super::error::{Context, UnsupportedBatch, WorkerError};
 use super::execute::Shared;
 use super::record::{Pending, Recorder, Stats};

@@ -12,7 +12,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use super::answers::{AliasActivated, Compilation as Compiling, Compiled, FunctionState};
+use super::answers::{AliasActivated, Compilation as Compiling, CompileAnswer, FunctionState};
 use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
 use super::registry::{FlowEntry, QueueMode, Registry};
 use super::report::{AliasActivation, CompileStatus, DeploymentStatus};
@@ -345,9 +345,9 @@ async fn compile(
         .await
         .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
     let status = match result.status {
-        Compiled::Compiled => CompileStatus::Compiled,
-        Compiled::Verified => CompileStatus::Verified,
-        Compiled::Recompiled => {
+        CompileAnswer::Compiled => CompileStatus::Compiled,
+        CompileAnswer::Verified => CompileStatus::Verified,
+        CompileAnswer::Recompiled => {
             tracing::warn!(
                 flow = flow.slug,
                 differences = ?result.differences,
@@ -355,7 +355,7 @@ async fn compile(
             );
             CompileStatus::Recompiled
         }
-        Compiled::Mismatch => {
+        CompileAnswer::Mismatch => {
             return Err(WorkerError::ShapeMismatch {
                 flow_slug: flow.slug.to_owned(),
                 differences: result.differences,
