@@ -35,39 +35,7 @@ pub(crate) async fn prepare(
     check_registry(registry)?;
     check_schema(pool, config.auto_install).await?;
 
-    let mut deployments = Vec::with_capacity(registry.flows.len());
-    // The deployments whose alias this worker activates: of those sharing an alias, the one served last.
-    let mut activations: Vec<(usize, &'static str)> = Vec::new();
-    for (i, flow) in registry.flows.iter().enumerate() {
-        let superseded_by = flow.alias.and_then(|alias| {
-            registry.flows[i + 1..]
-                .iter()
-                .rev()
-                .find(|later| later.alias == Some(alias))
-                .map(|later| later.slug)
-        });
-        let compile_status = compile(pool, flow, config.compilation).await?;
-        verify_routes(pool, flow, &registry.queue).await?;
-        let alias = match (flow.alias, superseded_by) {
-            // Compilation skipped: the version is someone else's to deploy, and so is its alias.
-            (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
-            (Some(alias), Some(by)) => AliasActivation::Superseded {
-                alias: alias.to_owned(),
-                by_flow_slug: by.to_owned(),
-            },
-            (Some(alias), None) => {
-                activations.push((i, alias));
-                AliasActivation::None
-            }
-            (None, _) => AliasActivation::None,
-        };
-        deployments.push(DeploymentStatus {
-            flow_slug: flow.slug.to_owned(),
-            steps: flow.served.iter().map(|s| (*s).to_owned()).collect(),
-            compile_status,
-            alias,
-        });
-    }
+    let (mut deployments, activations) = compile_all(pool, registry, config.compilation).await?;
 
     let function_name = config
         .worker_name
@@ -93,12 +61,79 @@ pub(crate) async fn prepare(
         }
     }
 
+    register(
+        pool,
+        registry,
+        worker_id,
+        &function_name,
+        &flow_slugs,
+        &step_slugs,
+    )
+    .await?;
+    Ok(Prepared {
+        function_name,
+        deployments,
+    })
+}
+
+/// Compiles or verifies every deployment and checks its routes; returns what was done with each, and the
+/// aliases to activate once every check has passed (of those sharing an alias, the one served last).
+async fn compile_all(
+    pool: &PgPool,
+    registry: &Registry,
+    compilation: Compilation,
+) -> Result<(Vec<DeploymentStatus>, Vec<(usize, &'static str)>), WorkerError> {
+    let mut deployments = Vec::with_capacity(registry.flows.len());
+    let mut activations: Vec<(usize, &'static str)> = Vec::new();
+    for (i, flow) in registry.flows.iter().enumerate() {
+        let superseded_by = flow.alias.and_then(|alias| {
+            registry.flows[i + 1..]
+                .iter()
+                .rev()
+                .find(|later| later.alias == Some(alias))
+                .map(|later| later.slug)
+        });
+        let compile_status = compile(pool, flow, compilation).await?;
+        verify_routes(pool, flow, &registry.queue).await?;
+        let alias = match (flow.alias, superseded_by) {
+            // Compilation skipped: the version is someone else's to deploy, and so is its alias.
+            (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
+            (Some(alias), Some(by)) => AliasActivation::Superseded {
+                alias: alias.to_owned(),
+                by_flow_slug: by.to_owned(),
+            },
+            (Some(alias), None) => {
+                activations.push((i, alias));
+                AliasActivation::None
+            }
+            (None, _) => AliasActivation::None,
+        };
+        deployments.push(DeploymentStatus {
+            flow_slug: flow.slug.to_owned(),
+            steps: flow.served.iter().map(|s| (*s).to_owned()).collect(),
+            compile_status,
+            alias,
+        });
+    }
+
+    Ok((deployments, activations))
+}
+
+/// Registers the worker for its (flow, step) pairs; a worker fenced meanwhile is marked stopped at once.
+async fn register(
+    pool: &PgPool,
+    registry: &Registry,
+    worker_id: Uuid,
+    function_name: &str,
+    flow_slugs: &[&'static str],
+    step_slugs: &[&'static str],
+) -> Result<(), WorkerError> {
     let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
-        .bind(&function_name)
+        .bind(function_name)
         .bind(&registry.queue)
-        .bind(&flow_slugs)
-        .bind(&step_slugs)
+        .bind(flow_slugs)
+        .bind(step_slugs)
         .fetch_one(pool)
         .await
         .map_err(|e| {
@@ -116,14 +151,11 @@ pub(crate) async fn prepare(
             .await
             .during("marking the worker stopped")?;
         return Err(WorkerError::FunctionDisabled {
-            function_name,
+            function_name: function_name.to_owned(),
             reason: state.disabled_reason,
         });
     }
-    Ok(Prepared {
-        function_name,
-        deployments,
-    })
+    Ok(())
 }
 
 /// The registry's own rules, before any database call: at least one deployment, each concrete flow once,

@@ -42,7 +42,7 @@ async fn linear_flow_runs_to_completion_with_a_typed_output() {
     assert_eq!(report.completed, 3);
     assert_eq!(
         report.compile_status,
-        pgflow_runtime::CompileStatus::Compiled
+        pgflow_runtime::worker::CompileStatus::Compiled
     );
 }
 

@@ -3,8 +3,8 @@
 //! and draining and retiring V1.
 
 use pgflow_runtime::{
-    AliasActivation, Client, GapReason, OnQueue, QueueWorker, StopReason, WorkerBuilder,
-    WorkerError,
+    worker::AliasActivation, worker::GapReason, worker::OnQueue, worker::StopReason,
+    worker::WorkerBuilder, worker::WorkerError, Client, QueueWorker,
 };
 use pgflow_tests::deployed::{
     threads_v1::ThreadsV1, threads_v2::ThreadsV2, ClassifyThreads, CommunityV1, CommunityV2,
@@ -372,7 +372,7 @@ async fn v1_is_retirable_only_after_its_runs_drain_and_then_a_worker_without_it_
             .all(|g| g.flow_slug == V1 && g.step_slug == "deliverSlack"),
         "{err}"
     );
-    let reasons: Vec<GapReason> = gaps.iter().map(|g| g.reason.clone()).collect();
+    let reasons: Vec<GapReason> = gaps.iter().map(|g| g.reason).collect();
     assert_eq!(reasons, [GapReason::StartedRun, GapReason::TaskSnapshot]);
 
     // With both versions, V1 drains; then it is retirable from the deliver queue too.
@@ -497,7 +497,7 @@ async fn a_handle_typed_by_one_version_refuses_to_wait_for_a_run_of_another() {
         panic!("a V1 handle decoded a V2 run");
     };
     assert!(
-        matches!(&err, pgflow_runtime::WaitError::OtherVersion { expected_flow_slug, flow_slug, .. }
+        matches!(&err, pgflow_runtime::client::WaitError::OtherVersion { expected_flow_slug, flow_slug, .. }
             if *expected_flow_slug == V1 && flow_slug == V2),
         "{err}"
     );
