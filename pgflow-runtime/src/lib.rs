@@ -54,6 +54,8 @@
 //! }
 //! ```
 
+/// The SQL core: its migrations and installer, the slug and queue-name rules ([`sql::names`]), and the
+/// SQLSTATE codes it raises ([`sql::SqlState`]).
 pub use pgflow_sql as sql;
 
 pub mod client;
