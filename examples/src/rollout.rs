@@ -27,8 +27,8 @@
 use std::time::{Duration, Instant};
 
 use pgflow_runtime::{
-    deployment, queue, Flow, OnQueue, Queue, QueueWorker, RoutesTo, StepContext, StepError,
-    WorkerBuilder,
+    deployment, queue, worker::OnQueue, worker::WorkerBuilder, Flow, Queue, QueueWorker, RoutesTo,
+    StepContext, StepError,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;

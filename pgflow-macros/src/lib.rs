@@ -158,7 +158,7 @@ pub fn step(_args: TokenStream, item: TokenStream) -> TokenStream {
 /// ```
 ///
 /// The name is checked while the attribute expands: a lowercase identifier (`^[a-z_][a-z0-9_]*$`)
-/// of 1 to 47 characters, the rule of `pgflow_runtime::queue_names::check_queue_name`, which PGMQ
+/// of 1 to 47 characters, the rule of `pgflow_runtime::sql::names::check_queue_name`, which PGMQ
 /// accepts too. A bad name is an error on the literal that says what is wrong and how to fix it.
 ///
 /// The struct keeps its visibility, doc comments and other attributes, and gains the derives a

@@ -7,9 +7,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use crate::context::StepContext;
-pub use crate::deployment::{Deployment, Queue, RoutesTo, Routing};
+pub use crate::deployments::{Deployment, Queue, RoutesTo, Routing};
 pub use crate::error::StepError;
-pub use crate::flow::{Flow, FlowStep, StepKind, UnknownStep};
+pub use crate::flows::{Flow, FlowStep, StepKind, UnknownStep};
 pub use crate::step_queued::StepQueueRoutes;
 pub use futures::future::BoxFuture;
 pub use serde;

@@ -194,7 +194,7 @@ impl WorkerConfig {
     /// handler, up to 10, for handlers that query (`ctx.pool()`).
     ///
     /// ```
-    /// use pgflow_runtime::WorkerConfig;
+    /// use pgflow_runtime::worker::WorkerConfig;
     /// assert_eq!(WorkerConfig::default().pool_size(), 16);
     /// ```
     pub fn pool_size(&self) -> u32 {

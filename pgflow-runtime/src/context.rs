@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::error::StepError;
-use crate::flow::Flow;
+use crate::flows::Flow;
 
 /// Facts about the running task, plus the pool, a cancellation token and the flow input.
 ///

@@ -6,7 +6,7 @@
 //! single queue). [`StepQueued`] deploys a flow with one queue per step; the flow opts in with
 //! `step_queues` in its `#[flow(...)]`. [`#[queue]`](macro@queue) declares a named, shared queue and
 //! [`#[deployment]`](macro@deployment) a stable alias with a route map onto such queues (see
-//! [`deployment`](mod@deployment)). A [`QueueWorker`] runs every deployment it serves on its queue, and
+//! [`deployments`](mod@deployments)). A [`QueueWorker`] runs every deployment it serves on its queue, and
 //! [`Client::start_deployed`] starts runs by alias.
 //!
 //! ```
@@ -54,14 +54,17 @@
 //! }
 //! ```
 
+/// The SQL core: its migrations and installer, the slug and queue-name rules ([`sql::names`]), and the
+/// SQLSTATE codes it raises ([`sql::SqlState`]).
 pub use pgflow_sql as sql;
 
 pub mod client;
-pub mod config;
-pub mod context;
-pub mod deployment;
-pub mod error;
-pub mod flow;
+mod config;
+mod context;
+mod decode;
+pub mod deployments;
+mod error;
+pub mod flows;
 mod statements;
 pub mod step_queued;
 mod watch;
@@ -71,24 +74,14 @@ pub mod worker;
 #[allow(missing_docs, unreachable_pub)]
 pub mod __private;
 
-pub use client::{
-    Client, ClientError, RunHandle, RunState, RunStatus, StartedRun, StepState, WaitError,
-};
-pub use config::{Compilation, ConfigError, WorkerConfig};
+pub use client::Client;
 pub use context::StepContext;
-pub use deployment::{Deployment, Queue, RoutesTo, Routing};
+pub use deployments::{Deployment, Queue, RoutesTo, Routing};
 pub use error::{BoxError, StepError};
-pub use flow::{task_input, Flow, FlowStep, StepKind, UnknownStep};
+pub use flows::{Flow, FlowStep};
 pub use pgflow_macros::{deployment, flow, queue, step};
-/// The slug and queue-name rules (per-step queue names, caller-given queue names), shared with the
-/// `#[flow]` macro and checked against the SQL core by the integration tests.
-pub use pgflow_sql::names as queue_names;
-pub use queue_names::{FlowQueueNameError, QueueNameError, StepQueueNameError};
-pub use step_queued::{StepQueueRoutes, StepQueued, StepWorkerSpec};
-pub use worker::{
-    AliasActivation, CompileStatus, CoverageGap, DeploymentStatus, FromEnv, GapReason, OnQueue,
-    QueueWorker, StopReason, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
-};
+pub use step_queued::StepQueued;
+pub use worker::{QueueWorker, Worker};
 
 /// `Result<T, StepError>`, the usual handler return type.
 pub type StepResult<T, E = StepError> = Result<T, E>;

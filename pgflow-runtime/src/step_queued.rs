@@ -5,8 +5,8 @@ use std::marker::PhantomData;
 
 use sqlx::PgPool;
 
-use crate::deployment::{Deployment, Routing};
-use crate::flow::{Flow, FlowStep};
+use crate::deployments::{Deployment, Routing};
+use crate::flows::{Flow, FlowStep};
 use crate::worker::{FromEnv, WorkerBuilder, WorkerError, WorkerReport};
 
 /// The route table (step, queue) of a flow deployed with one queue per step.
@@ -146,7 +146,7 @@ impl<F: StepQueueRoutes> StepWorkerSpec<F> {
     }
 
     /// Runs this step worker with zero configuration: it connects with `DATABASE_URL` (a pool of
-    /// [`WorkerConfig::pool_size`](crate::WorkerConfig::pool_size) connections) and runs with the default
+    /// [`WorkerConfig::pool_size`](crate::worker::WorkerConfig::pool_size) connections) and runs with the default
     /// settings until SIGTERM or ctrl-c. Use [`StepWorkerSpec::builder`] for anything else.
     ///
     /// ```no_run
@@ -154,7 +154,7 @@ impl<F: StepQueueRoutes> StepWorkerSpec<F> {
     /// # #[flow(slug = "community", input = String, step_queues)]
     /// # mod community { use pgflow_runtime::StepError;
     /// #   #[step] async fn classify(t: String) -> Result<String, StepError> { Ok(t) } }
-    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
+    /// # async fn demo() -> Result<(), pgflow_runtime::worker::WorkerError> {
     /// use community::{Community, Step};
     /// StepQueued::<Community>::worker(Step::Classify).run().await?;
     /// # Ok(()) }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use pgflow_runtime::{flow, task_input, Flow, FlowStep, StepContext, StepError};
+use pgflow_runtime::{flow, flows::task_input, Flow, FlowStep, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;

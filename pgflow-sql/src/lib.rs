@@ -19,14 +19,18 @@
 //! Teams that apply SQL through their own migration tool can take the complete script from
 //! [`install_script`] (or `cargo run -p pgflow-sql -- script`).
 //!
-//! [`names`] states the slug and queue-name rules of this SQL in plain Rust. The installer is the
+//! [`names`] states the slug and queue-name rules of this SQL in plain Rust; [`SqlState`] names the SQLSTATE
+//! codes it raises. The installer is the
 //! default feature `install`; without it the crate depends on nothing but `thiserror`.
 
 #[cfg(feature = "install")]
 mod legacy;
 pub mod names;
+mod sqlstate;
 #[cfg(feature = "throwaway")]
 pub mod throwaway;
+
+pub use sqlstate::SqlState;
 
 #[cfg(feature = "install")]
 use sha2::{Digest, Sha256};

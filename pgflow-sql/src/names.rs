@@ -4,7 +4,7 @@
 //! slug is, and `pgflow.resolve_step_queues` (migration `0011_step_queue_names.sql`) decides every
 //! per-step queue name. This module states the same rules in Rust, without any database or heavy
 //! dependency, so that the `#[flow]` macro runs them at expansion time (it depends on this crate with
-//! `default-features = false`) and the runtime re-exports them as `pgflow_runtime::queue_names`.
+//! `default-features = false`) and the runtime re-exports them as `pgflow_runtime::sql::names`.
 //! The integration tests compare [`resolve_step_queues`] with the SQL resolver on generated names,
 //! errors included.
 //!

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use pgflow_runtime::{Worker, WorkerConfig};
+use pgflow_runtime::{worker::WorkerConfig, Worker};
 use pgflow_sql::throwaway::{Durability, TempPostgres};
 use pgflow_tests::mixed_flow::MixedFlow;
 use pgflow_tests::{expected_total, test_db, wait_until};

@@ -55,7 +55,9 @@ use pgflow_examples::rollout::{
     DELIVER_CONCURRENCY, DELIVER_FUNCTION, SLOW_MODEL_THREAD, SLOW_WEBHOOK_THREAD,
 };
 use pgflow_runtime::worker::shutdown_signal;
-use pgflow_runtime::{client, Client, Deployment, WaitError, WorkerBuilder, WorkerError};
+use pgflow_runtime::{
+    client, client::WaitError, worker::WorkerBuilder, worker::WorkerError, Client, Deployment,
+};
 use pgflow_sql::throwaway::{fresh_database, Contents};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1027,7 +1029,7 @@ async fn retire(
     Ok(run)
 }
 
-fn describe_gaps(gaps: &[pgflow_runtime::CoverageGap]) -> String {
+fn describe_gaps(gaps: &[pgflow_runtime::worker::CoverageGap]) -> String {
     gaps.iter()
         .map(|g| format!("{}/{} {}", g.flow_slug, g.step_slug, g.reason.as_str()))
         .collect::<Vec<_>>()

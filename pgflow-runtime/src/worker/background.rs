@@ -2,18 +2,18 @@
 //! signals (idle workers wake when work arrives), and maintenance (stalled and dead-worker recovery,
 //! retention).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::types::Json;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::drive::OwnBackends;
+use super::answers::{Heartbeat, MaintenanceReport};
 use super::retry::Backoff;
 use super::StopReason;
 use crate::statements;
@@ -35,12 +35,13 @@ pub(crate) async fn heartbeat(
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let beat: Result<Option<Value>, sqlx::Error> = sqlx::query_scalar(statements::HEARTBEAT)
-            .bind(worker_id)
-            .fetch_one(&pool)
-            .await;
+        let beat: Result<Option<Json<Heartbeat>>, sqlx::Error> =
+            sqlx::query_scalar(statements::HEARTBEAT)
+                .bind(worker_id)
+                .fetch_one(&pool)
+                .await;
         let state = match beat {
-            Ok(Some(state)) => state,
+            Ok(Some(Json(state))) => state,
             Ok(None) => {
                 tracing::warn!(%worker_id, "heartbeat found no `pgflow.workers` row for this worker");
                 continue;
@@ -50,13 +51,13 @@ pub(crate) async fn heartbeat(
                 continue;
             }
         };
-        if state["revived"] == Value::Bool(true) {
+        if state.revived {
             tracing::warn!(%worker_id, "this worker was declared dead (its heartbeat went missing) and registered again; \
                 the tasks it had started were recovered, and their late results will be ignored as stale");
         }
-        let why = if state["deprecated"] == Value::Bool(true) {
+        let why = if state.deprecated {
             StopReason::Deprecated
-        } else if state["enabled"] == Value::Bool(false) {
+        } else if !state.enabled {
             StopReason::Disabled
         } else {
             continue;
@@ -76,8 +77,35 @@ pub(crate) async fn heartbeat(
     }
 }
 
-/// The channel on which new tasks signal their queue (payload: the queue name; see `pgflow._signal_queues` in pgflow-sql/schema/03_events.sql).
+/// The channel on which new tasks signal their queue (payload: the queue name; see
+/// `pgflow._signal_queues` in `pgflow-sql/schema/03_events.sql`).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
+
+/// The server processes of a worker's exchanges. A signal sent by the worker's own exchange is about
+/// tasks that exchange has just claimed (or left for later claims it makes anyway): waking for it would
+/// only spend a round trip on an empty claim. Other workers of the queue still wake for it.
+#[derive(Clone, Default)]
+pub(crate) struct OwnBackends(Arc<Mutex<Vec<u32>>>);
+
+impl OwnBackends {
+    /// Connections come and go with the pool: only the most recent few are remembered.
+    const KEEP: usize = 16;
+
+    pub(crate) fn add(&self, pid: u32) {
+        let mut pids = self.0.lock().expect("backend list lock");
+        if !pids.contains(&pid) {
+            if pids.len() == Self::KEEP {
+                pids.remove(0);
+            }
+            pids.push(pid);
+        }
+    }
+
+    /// Whether `pid` ran one of this worker's exchanges.
+    pub(crate) fn contains(&self, pid: u32) -> bool {
+        self.0.lock().expect("backend list lock").contains(&pid)
+    }
+}
 
 /// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its
 /// own, opened with the pool's settings but outside it, so that it never takes a connection the worker's
@@ -182,29 +210,35 @@ pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationTok
 
 /// One `pgflow.run_maintenance` call; returns whether its retention batch was full (more history is due).
 async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
-    let result: Result<Value, sqlx::Error> = sqlx::query_scalar(statements::RUN_MAINTENANCE)
-        .bind(m.dead_after.map(interval))
-        .bind(m.retention.map(interval))
-        .bind(batch)
-        .fetch_one(pool)
-        .await;
+    let result: Result<Json<MaintenanceReport>, sqlx::Error> =
+        sqlx::query_scalar(statements::RUN_MAINTENANCE)
+            .bind(m.dead_after.map(interval))
+            .bind(m.retention.map(interval))
+            .bind(batch)
+            .fetch_one(pool)
+            .await;
     match result {
-        Ok(r) => {
-            let stalled = r["stalled"].as_i64().unwrap_or(0);
-            let dead = r["dead"].as_i64().unwrap_or(0);
-            if stalled > 0 {
-                tracing::warn!(requeued = stalled, "requeued stalled tasks");
+        Ok(Json(r)) => {
+            if r.stalled > 0 {
+                tracing::warn!(requeued = r.stalled, "requeued stalled tasks");
             }
-            if dead > 0 {
+            if r.dead > 0 {
                 tracing::warn!(
-                    recovered = dead,
+                    recovered = r.dead,
                     "recovered the tasks of workers whose heartbeat stopped"
                 );
             }
-            let pruned = r["pruned"]["runs"].as_i64().unwrap_or(0);
-            if pruned > 0 {
-                tracing::debug!(pruned = %r["pruned"], "retention pruned finished history");
-            }
+            let pruned = r.pruned.map_or(0, |p| {
+                if p.runs > 0 {
+                    tracing::debug!(
+                        runs = p.runs,
+                        archived_messages = p.archived_messages,
+                        workers = p.workers,
+                        "retention pruned finished history"
+                    );
+                }
+                p.runs
+            });
             pruned >= i64::from(batch)
         }
         Err(e) => {

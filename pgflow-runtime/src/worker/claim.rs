@@ -6,7 +6,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::record::{OutputColumns, TaskResult};
+use super::result::{Completion, OutputColumns, TaskResult};
+use crate::decode::{text_enum, Recorded, TaskStatus};
 use crate::statements;
 
 /// One claimed task, ready to run.
@@ -60,15 +61,49 @@ pub(crate) enum ClaimOutcome {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClaimError {
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
+    /// The exchange ran (its transaction committed) but its rows cannot be read.
     #[error("cannot decode the claim result: {0}")]
     Decode(String),
+}
+
+impl From<sqlx::Error> for ClaimError {
+    fn from(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+                ClaimError::Decode(e.to_string())
+            }
+            e => ClaimError::Database(e),
+        }
+    }
+}
+
+text_enum! {
+    /// What one row of `pgflow.exchange` says.
+    pub(crate) enum RowOutcome {
+        /// A completion this exchange recorded.
+        Applied = "applied",
+        /// A completion it ignored (the attempt moved on, or the task finished).
+        Stale = "stale",
+        /// A task claimed for this worker.
+        Claimed = "claimed",
+        /// A message whose task runs under another claim: left to that attempt.
+        Deferred = "deferred",
+        /// A message of a finished task, archived.
+        Archived = "archived",
+        /// A message whose task cannot start yet.
+        Waiting = "waiting",
+        /// The batch holds messages this worker must not run (with a report).
+        Unsupported = "unsupported",
+        /// The worker function is disabled (with a report).
+        Disabled = "disabled",
+    }
 }
 
 /// One row of `pgflow.exchange`: a completion's outcome, or one of the claim's rows.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct ClaimRow {
-    outcome: String,
+    outcome: RowOutcome,
     msg_id: Option<i64>,
     flow_slug: Option<String>,
     run_id: Option<Uuid>,
@@ -80,23 +115,9 @@ pub(crate) struct ClaimRow {
     timeout: Option<i32>,
     report: Option<Value>,
     /// A completion's task status after it (completion rows only).
-    status: Option<String>,
+    status: Option<TaskStatus>,
     /// The server process that ran the exchange.
     backend_pid: i32,
-}
-
-/// How one recorded output came out.
-#[derive(Debug)]
-pub(crate) struct Completion {
-    pub(crate) run_id: Uuid,
-    pub(crate) step_slug: String,
-    pub(crate) task_index: i32,
-    /// Recorded; `false`: stale (its attempt is no longer current, or the task already finished).
-    pub(crate) applied: bool,
-    /// The task's status after the call.
-    pub(crate) status: String,
-    /// The task's current attempt.
-    pub(crate) current_attempt: i32,
 }
 
 /// What one exchange did: the outputs it recorded and what it claimed.
@@ -120,30 +141,15 @@ impl Exchanged {
         let mut claim = None;
         let backend_pid = rows.first().and_then(|r| u32::try_from(r.backend_pid).ok());
         for row in rows {
-            match row.outcome.as_str() {
-                "applied" | "stale" => completions.push(completion(row)?),
-                "claimed" => tasks.push(claimed(row)?),
-                "deferred" => deferred += 1,
-                "archived" | "waiting" => {}
-                "unsupported" => {
-                    let report = row.report.ok_or_else(|| missing("unsupported", "report"))?;
-                    claim = Some(
-                        serde_json::from_value(report)
-                            .map(ClaimOutcome::Unsupported)
-                            .map_err(|e| ClaimError::Decode(e.to_string()))?,
-                    );
+            match row.outcome {
+                RowOutcome::Applied | RowOutcome::Stale => completions.push(completion(row)?),
+                RowOutcome::Claimed => tasks.push(claimed(row)?),
+                RowOutcome::Deferred => deferred += 1,
+                RowOutcome::Archived | RowOutcome::Waiting => {}
+                RowOutcome::Unsupported => {
+                    claim = Some(ClaimOutcome::Unsupported(report(row)?));
                 }
-                "disabled" => {
-                    let report = row.report.ok_or_else(|| missing("disabled", "report"))?;
-                    claim = Some(
-                        serde_json::from_value(report)
-                            .map(ClaimOutcome::Disabled)
-                            .map_err(|e| ClaimError::Decode(e.to_string()))?,
-                    );
-                }
-                other => {
-                    return Err(ClaimError::Decode(format!("unknown outcome `{other}`")));
-                }
+                RowOutcome::Disabled => claim = Some(ClaimOutcome::Disabled(report(row)?)),
             }
         }
         Ok(Exchanged {
@@ -155,25 +161,35 @@ impl Exchanged {
     }
 }
 
+/// The report of an `unsupported` or `disabled` row.
+fn report<T: serde::de::DeserializeOwned>(row: ClaimRow) -> Result<T, ClaimError> {
+    let report = row.report.ok_or_else(|| missing(row.outcome, "report"))?;
+    serde_json::from_value(report)
+        .map_err(|e| ClaimError::Decode(format!("the report of a `{}` row: {e}", row.outcome)))
+}
+
 fn completion(row: ClaimRow) -> Result<Completion, ClaimError> {
     let outcome = row.outcome;
-    let need = |field: &str| missing(&outcome, field);
+    let need = |field: &str| missing(outcome, field);
     Ok(Completion {
         run_id: row.run_id.ok_or_else(|| need("run_id"))?,
         step_slug: row.step_slug.ok_or_else(|| need("step_slug"))?,
         task_index: row.task_index.ok_or_else(|| need("task_index"))?,
-        applied: outcome == "applied",
+        recorded: match outcome {
+            RowOutcome::Applied => Recorded::Applied,
+            _ => Recorded::Stale,
+        },
         status: row.status.ok_or_else(|| need("status"))?,
         current_attempt: row.attempts_count.ok_or_else(|| need("attempts_count"))?,
     })
 }
 
-fn missing(outcome: &str, field: &str) -> ClaimError {
+fn missing(outcome: RowOutcome, field: &str) -> ClaimError {
     ClaimError::Decode(format!("a `{outcome}` row without `{field}`"))
 }
 
 fn claimed(row: ClaimRow) -> Result<Claimed, ClaimError> {
-    let need = |field: &str| missing("claimed", field);
+    let need = |field: &str| missing(RowOutcome::Claimed, field);
     Ok(Claimed {
         flow_slug: row.flow_slug.ok_or_else(|| need("flow_slug"))?,
         run_id: row.run_id.ok_or_else(|| need("run_id"))?,
@@ -229,9 +245,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn row(outcome: &str) -> ClaimRow {
+    fn row(outcome: RowOutcome) -> ClaimRow {
         ClaimRow {
-            outcome: outcome.to_owned(),
+            outcome,
             msg_id: None,
             flow_slug: None,
             run_id: None,
@@ -259,23 +275,23 @@ mod tests {
             flow_input: Some(json!({"x": 1})),
             attempts_count: Some(2),
             timeout: Some(30),
-            ..row("claimed")
+            ..row(RowOutcome::Claimed)
         };
         let deferred = ClaimRow {
             msg_id: Some(8),
-            ..row("deferred")
+            ..row(RowOutcome::Deferred)
         };
         let done = ClaimRow {
             run_id: Some(Uuid::nil()),
             step_slug: Some("a".into()),
             task_index: Some(0),
             attempts_count: Some(1),
-            status: Some("completed".into()),
-            ..row("applied")
+            status: Some(TaskStatus::Completed),
+            ..row(RowOutcome::Applied)
         };
         let exchanged = Exchanged::from_rows(vec![done, claimed, deferred]).unwrap();
         assert_eq!(exchanged.deferred, 1);
-        assert!(exchanged.completions[0].applied);
+        assert_eq!(exchanged.completions[0].recorded, Recorded::Applied);
         let ClaimOutcome::Claimed(tasks) = exchanged.claim else {
             panic!("claimed")
         };
@@ -285,8 +301,8 @@ mod tests {
 
     #[test]
     fn an_unknown_outcome_or_a_claimed_row_without_its_attempt_is_an_error_not_a_claim() {
-        assert!(Exchanged::from_rows(vec![row("maybe")]).is_err());
-        assert!(Exchanged::from_rows(vec![row("stale")]).is_err());
+        assert!(RowOutcome::parse("maybe").is_err());
+        assert!(Exchanged::from_rows(vec![row(RowOutcome::Stale)]).is_err());
         let incomplete = ClaimRow {
             msg_id: Some(1),
             flow_slug: Some("f".into()),
@@ -294,7 +310,7 @@ mod tests {
             step_slug: Some("a".into()),
             task_index: Some(0),
             timeout: Some(30),
-            ..row("claimed")
+            ..row(RowOutcome::Claimed)
         };
         assert!(Exchanged::from_rows(vec![incomplete]).is_err());
     }
@@ -305,7 +321,7 @@ mod tests {
             report: Some(
                 json!({"msg_ids": [1, 2], "flows": ["x"], "steps": ["y"], "queue_name": "q"}),
             ),
-            ..row("unsupported")
+            ..row(RowOutcome::Unsupported)
         };
         assert!(matches!(
             Exchanged::from_rows(vec![u]).unwrap().claim,
@@ -313,7 +329,7 @@ mod tests {
         ));
         let d = ClaimRow {
             report: Some(json!({"function_name": "f", "reason": "deploy", "disabled_at": null})),
-            ..row("disabled")
+            ..row(RowOutcome::Disabled)
         };
         assert!(matches!(
             Exchanged::from_rows(vec![d]).unwrap().claim,

@@ -1,6 +1,9 @@
 //! Why a worker refused to start or stopped with an error.
 
+use pgflow_sql::SqlState;
+
 use crate::config::ConfigError;
+use crate::decode::text_enum;
 
 /// A worker startup or fatal runtime error.
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +78,9 @@ pub enum WorkerError {
     Routing {
         /// The flow slug.
         flow_slug: String,
-        /// The SQLSTATE (`PF001`, `PF002`, `PF013`, `PF020`, ...).
-        code: String,
+        /// The SQLSTATE ([`SqlState::RoutingChanged`], [`SqlState::RouteMapDisagrees`],
+        /// [`SqlState::QueueNotPrivate`], [`SqlState::SubscriptionInvalid`], ...).
+        code: SqlState,
         /// The SQL MESSAGE.
         message: String,
         /// The SQL DETAIL.
@@ -164,10 +168,11 @@ pub(crate) fn routing_or_database(
 ) -> WorkerError {
     if let Some(db) = source.as_database_error() {
         if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-            if pg.code().starts_with("PF") {
+            let code = SqlState::from_code(pg.code());
+            if code.is_pgflow() {
                 return WorkerError::Routing {
                     flow_slug: flow_slug.to_owned(),
-                    code: pg.code().to_owned(),
+                    code,
                     message: pg.message().to_owned(),
                     detail: pg.detail().map(str::to_owned),
                     hint: pg.hint().map(str::to_owned),
@@ -175,7 +180,21 @@ pub(crate) fn routing_or_database(
             }
         }
     }
-    WorkerError::Database { during, source }
+    database(during, source)
+}
+
+/// A failed database call: [`WorkerError::UnexpectedResult`] when it ran but its answer cannot be decoded,
+/// else [`WorkerError::Database`].
+fn database(during: &'static str, source: sqlx::Error) -> WorkerError {
+    match source {
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => {
+            WorkerError::UnexpectedResult {
+                during,
+                result: source.to_string(),
+            }
+        }
+        source => WorkerError::Database { during, source },
+    }
 }
 
 /// A read batch that a worker must not run (see [`WorkerError::Unsupported`]). No bodies.
@@ -197,44 +216,17 @@ pub struct UnsupportedBatch {
     pub message_steps: Vec<String>,
 }
 
-/// Why a queue must be able to run a (flow, step) pair (`pgflow.queue_coverage_gaps`'s `reason`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum GapReason {
-    /// An alias points at the version, which routes the step to the queue: new runs create its tasks here.
-    ActiveAlias,
-    /// A started run has the step unfinished and may still create its task here.
-    StartedRun,
-    /// A task of the step waits or runs in the queue.
-    TaskSnapshot,
-    /// A reason this build does not know.
-    Other(String),
-}
-
-impl GapReason {
-    pub(crate) fn parse(reason: &str) -> Self {
-        match reason {
-            "active_alias" => GapReason::ActiveAlias,
-            "started_run" => GapReason::StartedRun,
-            "task_snapshot" => GapReason::TaskSnapshot,
-            other => GapReason::Other(other.to_owned()),
-        }
-    }
-
-    /// The SQL reason text (`active_alias`, `started_run`, `task_snapshot`).
-    pub fn as_str(&self) -> &str {
-        match self {
-            GapReason::ActiveAlias => "active_alias",
-            GapReason::StartedRun => "started_run",
-            GapReason::TaskSnapshot => "task_snapshot",
-            GapReason::Other(other) => other,
-        }
-    }
-}
-
-impl std::fmt::Display for GapReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+text_enum! {
+    /// Why a queue must be able to run a (flow, step) pair (`pgflow.queue_coverage_gaps`'s `reason`).
+    #[non_exhaustive]
+    pub enum GapReason {
+        /// An alias points at the version, which routes the step to the queue: new runs create its tasks
+        /// here.
+        ActiveAlias = "active_alias",
+        /// A started run has the step unfinished and may still create its task here.
+        StartedRun = "started_run",
+        /// A task of the step waits or runs in the queue.
+        TaskSnapshot = "task_snapshot",
     }
 }
 
@@ -264,6 +256,6 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for Result<T, sqlx::Error> {
     fn during(self, during: &'static str) -> Result<T, WorkerError> {
-        self.map_err(|source| WorkerError::Database { during, source })
+        self.map_err(|source| database(during, source))
     }
 }

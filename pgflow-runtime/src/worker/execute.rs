@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use super::record::{Outcome, Pending, TaskKey, TaskResult};
+use super::record::Pending;
 use super::registry::{step_deadline, Registry, TaskFacts};
+use super::result::{Outcome, TaskKey, TaskResult};
 
 /// What running tasks share.
 pub(crate) struct Shared {

@@ -8,7 +8,9 @@
 //! (`execute`) and records (`record`) until it stops, with heartbeats and maintenance beside it (`background`)
 //! and one retry policy (`retry`).
 
+mod answers;
 mod background;
+mod batch;
 mod claim;
 mod connect;
 mod drive;
@@ -17,6 +19,7 @@ mod execute;
 mod record;
 mod registry;
 mod report;
+mod result;
 mod retry;
 mod serve;
 mod startup;
@@ -34,8 +37,8 @@ pub use crate::config::{Compilation, ConfigError, WorkerConfig};
 pub use error::{CoverageGap, GapReason, UnsupportedBatch, WorkerError};
 pub use report::{AliasActivation, CompileStatus, DeploymentStatus, StopReason, WorkerReport};
 
-use crate::deployment::{Deployment, Queue, RoutesTo};
-use crate::flow::Flow;
+use crate::deployments::{Deployment, Queue, RoutesTo};
+use crate::flows::Flow;
 use registry::{DefaultDeployment, Registry};
 
 /// What a queue worker runs: the deployments served on queue `Q`. The `K` of [`Worker<K>`] and
@@ -49,8 +52,8 @@ impl<Q> fmt::Debug for OnQueue<Q> {
 }
 
 /// Where a zero-configuration worker gets its connections: a pool it opens on `DATABASE_URL` when it runs
-/// (the `C` of a [`WorkerBuilder`] from [`QueueWorker::new`], [`Worker::new`] or
-/// [`StepWorkerSpec::run`](crate::StepWorkerSpec::run)). The pool has
+/// (the `C` of a [`WorkerBuilder`] from `QueueWorker::builder_from_env`, `Worker::builder_from_env` or
+/// [`StepWorkerSpec::run`](crate::step_queued::StepWorkerSpec::run)). The pool has
 /// [`WorkerConfig::pool_size`] connections.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FromEnv;
@@ -260,8 +263,8 @@ impl<K> WorkerBuilder<K, FromEnv> {
     /// # #[flow(slug = "greet", input = String)]
     /// # mod greet { use pgflow_runtime::StepError;
     /// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
-    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
-    /// pgflow_runtime::Worker::<greet::Greet>::new().max_concurrent(4).run().await?;
+    /// # async fn demo() -> Result<(), pgflow_runtime::worker::WorkerError> {
+    /// pgflow_runtime::Worker::<greet::Greet>::builder_from_env().max_concurrent(4).run().await?;
     /// # Ok(()) }
     /// ```
     ///
@@ -339,13 +342,12 @@ impl<F: Flow> Worker<F> {
 
     /// A zero-configuration worker for every step of `F`: it connects with `DATABASE_URL` when it runs and
     /// runs until SIGTERM or ctrl-c. Settings can still be changed on the returned builder.
-    #[allow(clippy::new_ret_no_self)] // the builder of the worker, like `QueueWorker::new`
-    pub fn new() -> WorkerBuilder<F, FromEnv> {
+    pub fn builder_from_env() -> WorkerBuilder<F, FromEnv> {
         WorkerBuilder::deployment::<DefaultDeployment<F>>(FromEnv, &Self::queue_name())
     }
 
     fn queue_name() -> String {
-        crate::queue_names::default_queue_name(F::SLUG)
+        pgflow_sql::names::default_queue_name(F::SLUG)
     }
 }
 
@@ -373,12 +375,11 @@ impl<Q: Queue> Worker<OnQueue<Q>> {
     /// # }
     /// use pgflow_runtime::QueueWorker;
     ///
-    /// # async fn demo() -> Result<(), pgflow_runtime::WorkerError> {
-    /// QueueWorker::<ClassifyThreads>::new().serve::<CommunityV1Deployment>().run().await?;
+    /// # async fn demo() -> Result<(), pgflow_runtime::worker::WorkerError> {
+    /// QueueWorker::<ClassifyThreads>::builder_from_env().serve::<CommunityV1Deployment>().run().await?;
     /// # Ok(()) }
     /// ```
-    #[allow(clippy::new_ret_no_self)] // the documented zero-configuration entry point returns the builder
-    pub fn new() -> WorkerBuilder<OnQueue<Q>, FromEnv> {
+    pub fn builder_from_env() -> WorkerBuilder<OnQueue<Q>, FromEnv> {
         WorkerBuilder::with(FromEnv, Registry::new(Q::NAME))
     }
 }

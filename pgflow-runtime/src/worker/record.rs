@@ -9,74 +9,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use sqlx::PgPool;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::claim::Completion;
+use super::result::{Completion, Outcome, OutputColumns, TaskKey, TaskResult};
 use super::retry::{retry, transient, Backoff, GaveUp};
+use crate::decode::{Recorded, TaskStatus};
 use crate::statements;
 
 /// How long a result is retried through database errors before it is left to recovery (a database restart
 /// fits in it).
 pub(crate) const RECORD_PATIENCE: Duration = Duration::from_secs(60);
-
-/// Which attempt of which task a result belongs to.
-#[derive(Debug, Clone)]
-pub(crate) struct TaskKey {
-    pub(crate) run_id: Uuid,
-    pub(crate) flow_slug: String,
-    pub(crate) step_slug: String,
-    pub(crate) task_index: i32,
-    pub(crate) msg_id: i64,
-    pub(crate) attempt: i32,
-}
-
-/// What a task's handler produced.
-#[derive(Debug)]
-pub(crate) enum Outcome {
-    Output(Value),
-    Failure {
-        message: String,
-        retry_after: Option<Duration>,
-        terminal: bool,
-    },
-}
-
-/// A result on its way to the database; holds its `max_unrecorded` permit until recorded or given up.
-pub(crate) struct TaskResult {
-    pub(crate) key: TaskKey,
-    pub(crate) outcome: Outcome,
-    /// How long the handler ran (the worker sizes its claims by it).
-    pub(crate) ran_for: Duration,
-    /// When recording it first failed, if it did (it is given up after [`RECORD_PATIENCE`]).
-    pub(crate) first_error: Option<Instant>,
-    pub(crate) _permit: OwnedSemaphorePermit,
-}
-
-impl TaskResult {
-    /// An output PostgreSQL cannot store (a NUL character) becomes the terminal failure it will be; `true`
-    /// when the result is then an output to record.
-    pub(crate) fn sort(&mut self) -> bool {
-        match &self.outcome {
-            Outcome::Output(v) if contains_nul(v) => {
-                self.outcome = Outcome::Failure {
-                    message: format!(
-                        "step `{}` of flow `{}` returned an output PostgreSQL cannot store: a string in it contains the NUL character (\\u0000); remove it or encode the data (for example as base64)",
-                        self.key.step_slug, self.key.flow_slug
-                    ),
-                    retry_after: None,
-                    terminal: true,
-                };
-                false
-            }
-            Outcome::Output(_) => true,
-            Outcome::Failure { .. } => false,
-        }
-    }
-}
 
 /// Counters shared by the worker's parts.
 #[derive(Default)]
@@ -99,47 +43,14 @@ pub(crate) struct Recorder {
     pub(crate) pending: Pending,
 }
 
-/// A batch of outputs as the parallel arrays that `pgflow.complete_tasks` and `pgflow.exchange` take.
-pub(crate) struct OutputColumns<'a> {
-    pub(crate) run_ids: Vec<Uuid>,
-    pub(crate) step_slugs: Vec<&'a str>,
-    pub(crate) task_indexes: Vec<i32>,
-    pub(crate) outputs: Vec<&'a Value>,
-    pub(crate) attempts: Vec<i32>,
-}
-
-impl<'a> OutputColumns<'a> {
-    /// The columns of `items`, each of which must be an [`Outcome::Output`] (failures are recorded one by
-    /// one with `fail_task`).
-    pub(crate) fn of(items: &'a [TaskResult]) -> Self {
-        let n = items.len();
-        let mut columns = OutputColumns {
-            run_ids: Vec::with_capacity(n),
-            step_slugs: Vec::with_capacity(n),
-            task_indexes: Vec::with_capacity(n),
-            outputs: Vec::with_capacity(n),
-            attempts: Vec::with_capacity(n),
-        };
-        for item in items {
-            let Outcome::Output(value) = &item.outcome else {
-                unreachable!("only outputs are recorded in batches; failures go to fail_task")
-            };
-            columns.run_ids.push(item.key.run_id);
-            columns.step_slugs.push(item.key.step_slug.as_str());
-            columns.task_indexes.push(item.key.task_index);
-            columns.outputs.push(value);
-            columns.attempts.push(item.key.attempt);
-        }
-        columns
-    }
-}
-
 impl Recorder {
     /// Records a batch of outputs. A batch the database refuses as a whole for a reason retrying cannot fix
     /// (an output it cannot store) is recorded item by item, so one bad output fails only its own task.
     pub(crate) async fn complete(&self, items: Vec<TaskResult>) {
         match self.complete_batch(&items).await {
             Ok(()) => self.done(items),
+            // Recorded (the transaction committed), but the answer cannot be read: nothing to redo.
+            Err(GaveUp::Permanent(e)) if is_decode(&e) => self.give_up(items, &e),
             Err(GaveUp::Permanent(e)) if items.len() > 1 => {
                 tracing::warn!(error = %e, tasks = items.len(), "a batch of outputs was refused; recording them one by one");
                 for item in items {
@@ -170,8 +81,7 @@ impl Recorder {
 
     async fn complete_batch(&self, items: &[TaskResult]) -> Result<(), GaveUp<sqlx::Error>> {
         let c = OutputColumns::of(items);
-        type Row = (Uuid, String, i32, String, String, i32);
-        let rows: Vec<Row> = self
+        let completions: Vec<Completion> = self
             .with_retries("recording outputs", || {
                 sqlx::query_as(statements::COMPLETE_TASKS)
                     .bind(&c.run_ids)
@@ -183,16 +93,6 @@ impl Recorder {
                     .fetch_all(&self.pool)
             })
             .await?;
-        let completions = rows.into_iter().map(
-            |(run_id, step_slug, task_index, outcome, status, current_attempt)| Completion {
-                run_id,
-                step_slug,
-                task_index,
-                applied: outcome == "applied",
-                status,
-                current_attempt,
-            },
-        );
         self.recorded(completions, items);
         Ok(())
     }
@@ -204,7 +104,7 @@ impl Recorder {
         items: &[TaskResult],
     ) {
         for c in completions {
-            if c.applied {
+            if c.recorded == Recorded::Applied {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -236,7 +136,7 @@ impl Recorder {
         let message = storable(message);
         let delay = retry_after.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX));
         let key = &item.key;
-        let row: Result<Option<(String, String, i32)>, _> = self
+        let row: Result<Option<(Recorded, TaskStatus, i32)>, _> = self
             .with_retries("recording a failure", || {
                 sqlx::query_as(statements::FAIL_TASK)
                     .bind(key.run_id)
@@ -254,9 +154,9 @@ impl Recorder {
             run_id = %key.run_id, task_index = key.task_index, msg_id = key.msg_id, attempt = key.attempt);
         let _entered = span.enter();
         match row {
-            Ok(Some((outcome, status, current))) if outcome == "applied" => {
+            Ok(Some((Recorded::Applied, status, current))) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                if status == "queued" {
+                if status == TaskStatus::Queued {
                     tracing::warn!(error = %message, retry_in_s = ?delay, "task failed; it will be retried");
                 } else {
                     tracing::error!(error = %message, terminal, attempt = current, "task failed for good");
@@ -325,16 +225,6 @@ pub(crate) fn describe(key: &TaskKey) -> String {
     )
 }
 
-/// Whether a JSON value holds a NUL character anywhere (PostgreSQL's jsonb and text cannot store it).
-fn contains_nul(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(a) => a.iter().any(contains_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || contains_nul(v)),
-        _ => false,
-    }
-}
-
 /// An error message PostgreSQL can store: NUL characters become the visible escape `\u0000`.
 pub(crate) fn storable(message: &str) -> String {
     if message.contains('\0') {
@@ -342,6 +232,11 @@ pub(crate) fn storable(message: &str) -> String {
     } else {
         message.to_owned()
     }
+}
+
+/// Whether the statement ran but its answer could not be decoded.
+fn is_decode(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_))
 }
 
 fn database_message(e: &sqlx::Error) -> String {
@@ -353,14 +248,6 @@ fn database_message(e: &sqlx::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn nul_characters_are_found_in_strings_and_keys_at_any_depth() {
-        assert!(!contains_nul(&json!({"a": ["b", 1, null]})));
-        assert!(contains_nul(&json!({"a": ["b\u{0}"]})));
-        assert!(contains_nul(&json!({"k\u{0}": 1})));
-    }
 
     #[test]
     fn error_messages_become_storable() {

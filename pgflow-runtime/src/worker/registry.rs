@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::context::StepContext;
-use crate::deployment::{Deployment, Routing};
+use crate::deployments::{Deployment, Routing};
 use crate::error::StepError;
-use crate::flow::{task_input, Flow, FlowStep};
+use crate::flows::{task_input, Flow, FlowStep};
 
 /// The queue mode `ensure_flow_compiled` is given for a deployment's routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl FlowEntry {
         let steps = <<D::Flow as Flow>::Step as FlowStep>::ALL;
         let (mode, routes): (QueueMode, Vec<(&'static str, String)>) = match D::routing() {
             Routing::FlowQueue => {
-                let queue = crate::queue_names::default_queue_name(slug);
+                let queue = pgflow_sql::names::default_queue_name(slug);
                 (
                     QueueMode::Flow,
                     steps.iter().map(|s| (s.slug(), queue.clone())).collect(),
@@ -256,7 +256,7 @@ pub(crate) fn step_deadline(timeout_secs: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deployment::Queue;
+    use crate::deployments::Queue;
 
     #[crate::flow(slug = "registryFlow", input = u32, step_queues, crate = "crate")]
     mod registry_flow {

@@ -11,13 +11,15 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::background::OwnBackends;
 use super::background::{self, Maintenance};
 use super::claim::{Claimer, Unsupported};
-use super::drive::{Driver, Fatal, OwnBackends};
+use super::drive::{Driver, Fatal};
 use super::error::{Context, UnsupportedBatch, WorkerError};
 use super::execute::Shared;
 use super::record::{Pending, Recorder, Stats};
 use super::registry::Registry;
+use super::result::TaskResult;
 use super::startup::{self, Prepared};
 use super::{StopReason, WorkerReport};
 use crate::config::WorkerConfig;
@@ -81,7 +83,6 @@ pub(crate) async fn serve(
         prepared,
     } = ready;
     let stats = Arc::new(Stats::default());
-    let pending: Pending = Arc::default();
     let wake = Arc::new(Notify::new());
     let own = OwnBackends::default();
 
@@ -101,17 +102,43 @@ pub(crate) async fn serve(
         &background_done,
     );
 
+    let (driver, claimer, results) = driver(
+        &pool, &registry, &config, worker_id, &stats, stop, &reason, wake, own,
+    );
+    let fatal = driver.run(results).await;
+    background_done.cancel();
+    for handle in background {
+        let _ = handle.await;
+    }
+    let released = release(&pool, worker_id).await;
+    finish(&pool, &claimer, prepared, fatal, &reason, &stats, released).await
+}
+
+/// The driver and its parts: the recorder, the handlers' shared state, the claimer.
+#[allow(clippy::too_many_arguments)]
+fn driver(
+    pool: &PgPool,
+    registry: &Arc<Registry>,
+    config: &WorkerConfig,
+    worker_id: Uuid,
+    stats: &Arc<Stats>,
+    stop: CancellationToken,
+    reason: &Arc<Mutex<Option<StopReason>>>,
+    wake: Arc<Notify>,
+    own: OwnBackends,
+) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
+    let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
     let recorder = Arc::new(Recorder {
         pool: pool.clone(),
         worker_id,
         backoff_max: config.poll_error_backoff_max,
-        stats: Arc::clone(&stats),
+        stats: Arc::clone(stats),
         pending: Arc::clone(&pending),
     });
     let shared = Arc::new(Shared {
         pool: pool.clone(),
-        registry: Arc::clone(&registry),
+        registry: Arc::clone(registry),
         handlers: CancellationToken::new(),
         // Within the claim visibility buffer (2 s), so the failure lands before the message reappears.
         timeout_cancel_wait: config.cancel_grace.min(Duration::from_secs(1)),
@@ -129,32 +156,38 @@ pub(crate) async fn serve(
         worker_id,
     });
 
-    let fatal = Driver {
+    let driver = Driver {
         pool: pool.clone(),
         claimer: Arc::clone(&claimer),
         config: config.clone(),
         shared,
         recorder,
         stop,
-        reason: Arc::clone(&reason),
+        reason: Arc::clone(reason),
         wake,
         own,
-    }
-    .run(rx)
-    .await;
-    background_done.cancel();
-    for handle in background {
-        let _ = handle.await;
-    }
+    };
+    (driver, claimer, rx)
+}
 
-    let released = release(&pool, worker_id).await;
+/// After the driver: a fatal claim disables the function; the worker is marked stopped; the report.
+async fn finish(
+    pool: &PgPool,
+    claimer: &Claimer,
+    prepared: Prepared,
+    fatal: Option<Fatal>,
+    reason: &Mutex<Option<StopReason>>,
+    stats: &Stats,
+    released: u64,
+) -> Result<WorkerReport, WorkerError> {
+    let worker_id = claimer.worker_id;
     let unsupported = match fatal {
-        Some(Fatal(u)) => Some(unsupported(&pool, &claimer, &prepared.function_name, u).await?),
+        Some(Fatal(u)) => Some(unsupported(pool, claimer, &prepared.function_name, u).await?),
         None => None,
     };
     sqlx::query(statements::MARK_WORKER_STOPPED)
         .bind(worker_id)
-        .execute(&pool)
+        .execute(pool)
         .await
         .during("marking the worker stopped")?;
     if let Some(err) = unsupported {

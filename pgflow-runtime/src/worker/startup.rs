@@ -8,9 +8,11 @@
 //! every check has passed: a fenced or refused start leaves them where they were.
 
 use serde_json::Value;
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use super::answers::{AliasActivated, Compilation as Compiling, CompileAnswer, FunctionState};
 use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
 use super::registry::{FlowEntry, QueueMode, Registry};
 use super::report::{AliasActivation, CompileStatus, DeploymentStatus};
@@ -33,39 +35,7 @@ pub(crate) async fn prepare(
     check_registry(registry)?;
     check_schema(pool, config.auto_install).await?;
 
-    let mut deployments = Vec::with_capacity(registry.flows.len());
-    // The deployments whose alias this worker activates: of those sharing an alias, the one served last.
-    let mut activations: Vec<(usize, &'static str)> = Vec::new();
-    for (i, flow) in registry.flows.iter().enumerate() {
-        let superseded_by = flow.alias.and_then(|alias| {
-            registry.flows[i + 1..]
-                .iter()
-                .rev()
-                .find(|later| later.alias == Some(alias))
-                .map(|later| later.slug)
-        });
-        let compile_status = compile(pool, flow, config.compilation).await?;
-        verify_routes(pool, flow, &registry.queue).await?;
-        let alias = match (flow.alias, superseded_by) {
-            // Compilation skipped: the version is someone else's to deploy, and so is its alias.
-            (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
-            (Some(alias), Some(by)) => AliasActivation::Superseded {
-                alias: alias.to_owned(),
-                by_flow_slug: by.to_owned(),
-            },
-            (Some(alias), None) => {
-                activations.push((i, alias));
-                AliasActivation::None
-            }
-            (None, _) => AliasActivation::None,
-        };
-        deployments.push(DeploymentStatus {
-            flow_slug: flow.slug.to_owned(),
-            steps: flow.served.iter().map(|s| (*s).to_owned()).collect(),
-            compile_status,
-            alias,
-        });
-    }
+    let (mut deployments, activations) = compile_all(pool, registry, config.compilation).await?;
 
     let function_name = config
         .worker_name
@@ -91,12 +61,79 @@ pub(crate) async fn prepare(
         }
     }
 
-    let state: Value = sqlx::query_scalar(statements::REGISTER_WORKER)
+    register(
+        pool,
+        registry,
+        worker_id,
+        &function_name,
+        &flow_slugs,
+        &step_slugs,
+    )
+    .await?;
+    Ok(Prepared {
+        function_name,
+        deployments,
+    })
+}
+
+/// Compiles or verifies every deployment and checks its routes; returns what was done with each, and the
+/// aliases to activate once every check has passed (of those sharing an alias, the one served last).
+async fn compile_all(
+    pool: &PgPool,
+    registry: &Registry,
+    compilation: Compilation,
+) -> Result<(Vec<DeploymentStatus>, Vec<(usize, &'static str)>), WorkerError> {
+    let mut deployments = Vec::with_capacity(registry.flows.len());
+    let mut activations: Vec<(usize, &'static str)> = Vec::new();
+    for (i, flow) in registry.flows.iter().enumerate() {
+        let superseded_by = flow.alias.and_then(|alias| {
+            registry.flows[i + 1..]
+                .iter()
+                .rev()
+                .find(|later| later.alias == Some(alias))
+                .map(|later| later.slug)
+        });
+        let compile_status = compile(pool, flow, compilation).await?;
+        verify_routes(pool, flow, &registry.queue).await?;
+        let alias = match (flow.alias, superseded_by) {
+            // Compilation skipped: the version is someone else's to deploy, and so is its alias.
+            (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
+            (Some(alias), Some(by)) => AliasActivation::Superseded {
+                alias: alias.to_owned(),
+                by_flow_slug: by.to_owned(),
+            },
+            (Some(alias), None) => {
+                activations.push((i, alias));
+                AliasActivation::None
+            }
+            (None, _) => AliasActivation::None,
+        };
+        deployments.push(DeploymentStatus {
+            flow_slug: flow.slug.to_owned(),
+            steps: flow.served.iter().map(|s| (*s).to_owned()).collect(),
+            compile_status,
+            alias,
+        });
+    }
+
+    Ok((deployments, activations))
+}
+
+/// Registers the worker for its (flow, step) pairs; a worker fenced meanwhile is marked stopped at once.
+async fn register(
+    pool: &PgPool,
+    registry: &Registry,
+    worker_id: Uuid,
+    function_name: &str,
+    flow_slugs: &[&'static str],
+    step_slugs: &[&'static str],
+) -> Result<(), WorkerError> {
+    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::REGISTER_WORKER)
         .bind(worker_id)
-        .bind(&function_name)
+        .bind(function_name)
         .bind(&registry.queue)
-        .bind(&flow_slugs)
-        .bind(&step_slugs)
+        .bind(flow_slugs)
+        .bind(step_slugs)
         .fetch_one(pool)
         .await
         .map_err(|e| {
@@ -106,7 +143,7 @@ pub(crate) async fn prepare(
                 e,
             )
         })?;
-    if state["enabled"] == Value::Bool(false) {
+    if !state.enabled {
         // Registered but fenced: record it as stopped at once, so monitoring does not count it.
         sqlx::query(statements::MARK_WORKER_STOPPED)
             .bind(worker_id)
@@ -114,14 +151,11 @@ pub(crate) async fn prepare(
             .await
             .during("marking the worker stopped")?;
         return Err(WorkerError::FunctionDisabled {
-            function_name,
-            reason: state["disabled_reason"].as_str().map(str::to_owned),
+            function_name: function_name.to_owned(),
+            reason: state.disabled_reason,
         });
     }
-    Ok(Prepared {
-        function_name,
-        deployments,
-    })
+    Ok(())
 }
 
 /// The registry's own rules, before any database call: at least one deployment, each concrete flow once,
@@ -152,15 +186,15 @@ fn check_registry(registry: &Registry) -> Result<(), WorkerError> {
 /// A fenced worker function stops here, before it activates anything (`register_worker` checks again: the
 /// fence may land in between).
 async fn check_fence(pool: &PgPool, function_name: &str) -> Result<(), WorkerError> {
-    let state: Value = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
+    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
         .bind(function_name)
         .fetch_one(pool)
         .await
         .during("checking the worker function's fence")?;
-    if state["enabled"] == Value::Bool(false) {
+    if !state.enabled {
         return Err(WorkerError::FunctionDisabled {
             function_name: function_name.to_owned(),
-            reason: state["disabled_reason"].as_str().map(str::to_owned),
+            reason: state.disabled_reason,
         });
     }
     Ok(())
@@ -172,25 +206,22 @@ async fn activate(
     flow_slug: &'static str,
     alias: &'static str,
 ) -> Result<AliasActivation, WorkerError> {
-    let result: Value = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
+    let Json(result): Json<AliasActivated> = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
         .bind(alias)
         .bind(flow_slug)
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| routing_or_database(flow_slug, "activating the alias", e))?;
-    match result["activated"].as_bool() {
-        Some(true) => Ok(AliasActivation::Activated {
+    Ok(if result.activated {
+        AliasActivation::Activated {
             alias: alias.to_owned(),
-            previous_flow_slug: result["previous_flow_slug"].as_str().map(str::to_owned),
-        }),
-        Some(false) => Ok(AliasActivation::AlreadyActive {
+            previous_flow_slug: result.previous_flow_slug,
+        }
+    } else {
+        AliasActivation::AlreadyActive {
             alias: alias.to_owned(),
-        }),
-        None => Err(WorkerError::UnexpectedResult {
-            during: "activating the alias",
-            result: format!("activate_alias {result}"),
-        }),
-    }
+        }
+    })
 }
 
 /// Every pair the queue can carry must be one this worker runs (`pgflow.queue_coverage_gaps`); checked in the
@@ -201,7 +232,7 @@ async fn check_coverage(
     flow_slugs: &[&'static str],
     step_slugs: &[&'static str],
 ) -> Result<(), WorkerError> {
-    type Row = (String, String, String, i64, Value, String);
+    type Row = (String, String, GapReason, i64, Json<Vec<Value>>, String);
     let rows: Vec<Row> = sqlx::query_as(statements::QUEUE_COVERAGE_GAPS)
         .bind(queue)
         .bind(flow_slugs)
@@ -215,19 +246,19 @@ async fn check_coverage(
     let gaps = rows
         .into_iter()
         .map(
-            |(flow_slug, step_slug, reason, count, examples, repair)| CoverageGap {
+            |(flow_slug, step_slug, reason, count, Json(examples), repair)| CoverageGap {
                 flow_slug,
                 step_slug,
-                reason: GapReason::parse(&reason),
+                reason,
                 count,
+                // Alias names and run ids are strings; a task is `{"run_id", "msg_id"}`.
                 examples: examples
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned))
-                            .collect()
+                    .into_iter()
+                    .map(|e| match e {
+                        Value::String(s) => s,
+                        other => other.to_string(),
                     })
-                    .unwrap_or_default(),
+                    .collect(),
                 repair,
             },
         )
@@ -335,7 +366,7 @@ async fn compile(
         Compilation::AllowDataLoss => true,
     };
     let (queue_mode, routes) = flow.compile_arguments();
-    let result: Value = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
+    let Json(result): Json<Compiling> = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
         .bind(flow.slug)
         .bind(&flow.shape)
         .bind(allow_data_loss)
@@ -345,35 +376,21 @@ async fn compile(
         .fetch_one(pool)
         .await
         .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
-    let differences: Vec<String> = result["differences"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|d| d.as_str().map_or_else(|| d.to_string(), str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    let status = match result["status"].as_str() {
-        Some("compiled") => CompileStatus::Compiled,
-        Some("verified") => CompileStatus::Verified,
-        Some("recompiled") => {
+    let status = match result.status {
+        CompileAnswer::Compiled => CompileStatus::Compiled,
+        CompileAnswer::Verified => CompileStatus::Verified,
+        CompileAnswer::Recompiled => {
             tracing::warn!(
                 flow = flow.slug,
-                differences = ?differences,
+                differences = ?result.differences,
                 "flow recompiled: its previous definition and every run of it were deleted"
             );
             CompileStatus::Recompiled
         }
-        Some("mismatch") => {
+        CompileAnswer::Mismatch => {
             return Err(WorkerError::ShapeMismatch {
                 flow_slug: flow.slug.to_owned(),
-                differences,
-            })
-        }
-        other => {
-            return Err(WorkerError::UnexpectedResult {
-                during: "compiling the flow",
-                result: format!("ensure_flow_compiled status {other:?}"),
+                differences: result.differences,
             })
         }
     };

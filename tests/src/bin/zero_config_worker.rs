@@ -18,7 +18,7 @@ async fn main() -> ExitCode {
                 .await
         }
         Some("queue") => {
-            QueueWorker::<ClassifyThreads>::new()
+            QueueWorker::<ClassifyThreads>::builder_from_env()
                 .serve::<CommunityV1>()
                 .serve::<CommunityV2>()
                 .run()

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use pgflow_runtime::client::{start_flow, start_flows};
-use pgflow_runtime::{flow, Client, RunStatus, StepError, WaitError};
+use pgflow_runtime::client::{start, start_many};
+use pgflow_runtime::{client::RunStatus, client::WaitError, flow, Client, StepError};
 
 use crate::support::{self, LIMIT};
+use pgflow_runtime::client::StepStatus;
 
 #[flow(slug = "greetFlow", input = String)]
 mod greet {
@@ -34,7 +35,7 @@ async fn a_run_started_in_a_rolled_back_transaction_never_exists() {
     let pool = db.pool();
     compile(pool).await;
     let mut tx = pool.begin().await.unwrap();
-    let run_id = start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
+    let run_id = start::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -42,14 +43,14 @@ async fn a_run_started_in_a_rolled_back_transaction_never_exists() {
     assert!(client.run(run_id).await.unwrap().is_none());
 
     let mut tx = pool.begin().await.unwrap();
-    let run_id = start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
+    let run_id = start::<greet::Greet, _>(&mut *tx, &"Ada".to_owned())
         .await
         .unwrap();
     tx.commit().await.unwrap();
     let state = client.run(run_id).await.unwrap().unwrap();
     assert_eq!(state.run.status, RunStatus::Started);
     assert_eq!(state.run.flow_slug, "greetFlow");
-    assert_eq!(state.step("hello").unwrap().status, "started");
+    assert_eq!(state.step("hello").unwrap().status, StepStatus::Started);
 }
 
 #[tokio::test]
@@ -121,7 +122,7 @@ async fn runs_started_together_come_back_in_input_order_and_each_completes() {
 
     // Inside a transaction that rolls back, none of them exists.
     let mut tx = pool.begin().await.unwrap();
-    let ids = start_flows::<greet::Greet, _>(&mut *tx, &names[..3])
+    let ids = start_many::<greet::Greet, _>(&mut *tx, &names[..3])
         .await
         .unwrap();
     tx.rollback().await.unwrap();

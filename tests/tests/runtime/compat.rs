@@ -1,7 +1,8 @@
 //! Compatibility: runs started by hand in SQL, shape verification, mismatches, schema checks.
 
 use pgflow_runtime::{
-    flow, AliasActivation, Client, Compilation, CompileStatus, Flow, StepError, Worker, WorkerError,
+    flow, worker::AliasActivation, worker::Compilation, worker::CompileStatus, worker::WorkerError,
+    Client, Flow, StepError, Worker,
 };
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use pgflow_runtime::{flow, Client, StepContext, StepError, WaitError};
+use pgflow_runtime::{client::WaitError, flow, Client, StepContext, StepError};
 use serde_json::json;
 
 use crate::support::{self, LIMIT};

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::support::{self, LIMIT};
+use pgflow_runtime::client::StepStatus;
 
 #[flow(slug = "linearFlow", input = i64)]
 mod linear {
@@ -41,7 +42,7 @@ async fn linear_flow_runs_to_completion_with_a_typed_output() {
     assert_eq!(report.completed, 3);
     assert_eq!(
         report.compile_status,
-        pgflow_runtime::CompileStatus::Compiled
+        pgflow_runtime::worker::CompileStatus::Compiled
     );
 }
 
@@ -239,7 +240,7 @@ async fn conditions_run_met_steps_and_skip_unmet_ones_with_their_modes() {
     );
     assert_eq!(support::active_tasks(pool, run).await, 0);
     let state = chat.state().await.unwrap().unwrap();
-    assert_eq!(state.step("page").unwrap().status, "skipped");
+    assert_eq!(state.step("page").unwrap().status, StepStatus::Skipped);
     assert_eq!(state.run.output.unwrap()["summary"], json!("chat: none"));
     worker.stop().await;
 }

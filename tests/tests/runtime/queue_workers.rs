@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use pgflow_runtime::client::start_deployed;
 use pgflow_runtime::{
-    deployment, flow, queue, AliasActivation, Client, CompileStatus, Deployment, FlowStep,
-    GapReason, Queue, QueueWorker, RoutesTo, Routing, StepError, WorkerError,
+    deployment, flow, queue, worker::AliasActivation, worker::CompileStatus, worker::GapReason,
+    worker::WorkerError, Client, Deployment, FlowStep, Queue, QueueWorker, RoutesTo, Routing,
+    StepError,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;

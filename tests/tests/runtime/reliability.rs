@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use pgflow_runtime::{flow, Client, StepContext, StepError, WaitError};
+use pgflow_runtime::{client::WaitError, flow, Client, StepContext, StepError};
 use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
@@ -365,7 +365,7 @@ async fn a_worker_role_and_a_client_role_with_the_documented_grants_run_a_flow_e
         .await
         .unwrap_err();
     let code = match &refused {
-        pgflow_runtime::ClientError::Database(e) => e
+        pgflow_runtime::client::ClientError::Database(e) => e
             .as_database_error()
             .and_then(|d| d.code())
             .map(|c| c.into_owned()),

@@ -3,8 +3,8 @@
 //! and draining and retiring V1.
 
 use pgflow_runtime::{
-    AliasActivation, Client, GapReason, OnQueue, QueueWorker, StopReason, WorkerBuilder,
-    WorkerError,
+    worker::AliasActivation, worker::GapReason, worker::OnQueue, worker::StopReason,
+    worker::WorkerBuilder, worker::WorkerError, Client, QueueWorker,
 };
 use pgflow_tests::deployed::{
     threads_v1::ThreadsV1, threads_v2::ThreadsV2, ClassifyThreads, CommunityV1, CommunityV2,
@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::support::{self, LIMIT};
+use pgflow_runtime::sql::SqlState;
 
 const V1: &str = "communityThreadsV1";
 const V2: &str = "communityThreadsV2";
@@ -371,7 +372,7 @@ async fn v1_is_retirable_only_after_its_runs_drain_and_then_a_worker_without_it_
             .all(|g| g.flow_slug == V1 && g.step_slug == "deliverSlack"),
         "{err}"
     );
-    let reasons: Vec<GapReason> = gaps.iter().map(|g| g.reason.clone()).collect();
+    let reasons: Vec<GapReason> = gaps.iter().map(|g| g.reason).collect();
     assert_eq!(reasons, [GapReason::StartedRun, GapReason::TaskSnapshot]);
 
     // With both versions, V1 drains; then it is retirable from the deliver queue too.
@@ -460,7 +461,7 @@ async fn a_refused_start_of_a_retired_build_leaves_the_alias_where_it_was_and_an
         .await
         .unwrap_err();
     let db_err = err.as_database_error().unwrap();
-    assert_eq!(db_err.code().as_deref(), Some("PF019"));
+    assert_eq!(SqlState::of(&err), Some(SqlState::AliasTargetMissing));
     assert!(db_err.message().contains("communityThreadsV9"), "{err}");
 
     // The current build starts and the waiting run completes.
@@ -496,7 +497,7 @@ async fn a_handle_typed_by_one_version_refuses_to_wait_for_a_run_of_another() {
         panic!("a V1 handle decoded a V2 run");
     };
     assert!(
-        matches!(&err, pgflow_runtime::WaitError::OtherVersion { expected_flow_slug, flow_slug, .. }
+        matches!(&err, pgflow_runtime::client::WaitError::OtherVersion { expected_flow_slug, flow_slug, .. }
             if *expected_flow_slug == V1 && flow_slug == V2),
         "{err}"
     );

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use pgflow_runtime::{flow, Client, StepContext, StepError, StopReason, Worker, WorkerError};
+use pgflow_runtime::{
+    flow, worker::StopReason, worker::WorkerError, Client, StepContext, StepError, Worker,
+};
 use pgflow_tests::crash_flow::CrashFlow;
 use sqlx::Connection;
 use tokio::sync::Semaphore;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use pgflow_runtime::worker::UnsupportedBatch;
-use pgflow_runtime::{flow, Client, StepError, StepQueued, Worker, WorkerError};
+use pgflow_runtime::{flow, worker::WorkerError, Client, StepError, StepQueued, Worker};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +50,7 @@ mod community {
 }
 
 use community::{Community, Step};
+use pgflow_runtime::sql::SqlState;
 
 /// Threads whose text starts with this belong to the test of several classify workers.
 const SPREAD_MARK: &str = "spread: ";
@@ -246,7 +247,7 @@ async fn a_flow_compiled_with_one_queue_refuses_step_workers_with_the_routing_er
     let WorkerError::Routing { code, .. } = &err else {
         panic!("expected a routing error, got {err}");
     };
-    assert_eq!(code, "PF001");
+    assert_eq!(*code, SqlState::RoutingChanged);
     assert!(err.to_string().contains("Hint:"), "{err}");
     // And the other way round: a plain worker for a step-queued flow.
     let db = pgflow_tests::test_db().await;
@@ -321,7 +322,10 @@ async fn a_visible_message_of_a_started_task_never_stops_a_healthy_step_worker()
     .unwrap();
     assert!(enabled);
     let report = worker.stop().await;
-    assert_eq!(report.stop_reason, pgflow_runtime::StopReason::Shutdown);
+    assert_eq!(
+        report.stop_reason,
+        pgflow_runtime::worker::StopReason::Shutdown
+    );
 }
 
 #[tokio::test]
@@ -337,9 +341,9 @@ async fn a_step_worker_is_a_one_deployment_registry_serving_only_its_step_with_n
     );
     assert_eq!(
         status.compile_status,
-        pgflow_runtime::CompileStatus::Compiled
+        pgflow_runtime::worker::CompileStatus::Compiled
     );
-    assert_eq!(status.alias, pgflow_runtime::AliasActivation::None);
+    assert_eq!(status.alias, pgflow_runtime::worker::AliasActivation::None);
     assert_eq!(
         support::registered_pairs(pool, worker.id()).await,
         [("communityV1".to_owned(), "deliverSlack".to_owned())]

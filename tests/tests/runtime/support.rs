@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use pgflow_runtime::{
-    DeploymentStatus, Flow, Worker, WorkerBuilder, WorkerError, WorkerHandle, WorkerReport,
+    worker::DeploymentStatus, worker::WorkerBuilder, worker::WorkerError, worker::WorkerHandle,
+    worker::WorkerReport, Flow, Worker,
 };
 pub(crate) use pgflow_tests::state::{
     active_tasks, run_output, run_status, step_status, task, wait_finished,

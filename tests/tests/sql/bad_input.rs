@@ -3,6 +3,7 @@
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::json;
 use uuid::Uuid;
@@ -16,7 +17,7 @@ async fn duplicate_dependency_slugs_are_rejected_with_the_flow_step_and_dependen
         .await
         .unwrap_err();
     let e = db_error(err);
-    assert_eq!(e.code, "22023");
+    assert_eq!(e.code, SqlState::InvalidParameterValue);
     assert_eq!(
         e.message,
         "Step \"b\" of flow \"dup\" lists dependency \"a\" more than once"

@@ -3,6 +3,7 @@
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -371,7 +372,7 @@ async fn registration_rejects_a_subscription_that_does_not_match_the_persisted_r
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF020");
+    assert_eq!(e.code, SqlState::SubscriptionInvalid);
     assert_eq!(
         e.detail.as_deref(),
         Some("The persisted route of the step is the queue \"comm__classify\".")
@@ -381,13 +382,13 @@ async fn registration_rejects_a_subscription_that_does_not_match_the_persisted_r
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF020");
+    assert_eq!(e.code, SqlState::SubscriptionInvalid);
     let e = db_error(
         try_register(pool, w, "f", Q, "nope", Some("classify"))
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF020");
+    assert_eq!(e.code, SqlState::SubscriptionInvalid);
     let (flow, step, queue): (String, String, String) = sqlx::query_as(
         "select r.flow_slug, r.step_slug, w.queue_name from pgflow.workers w
          join pgflow.worker_routes r on r.worker_id = w.worker_id where w.function_name = 'comm-classify'",

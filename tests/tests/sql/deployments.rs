@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::{json, Value};
 use sqlx::postgres::PgListener;
@@ -219,7 +220,7 @@ async fn rollback_activates_the_older_version_with_its_original_shape_and_routin
         .await
         .unwrap_err(),
     );
-    assert_eq!(e.code, "PF001");
+    assert_eq!(e.code, SqlState::RoutingChanged);
     assert_eq!(routes(pool, "commV1").await, v1_routes);
 }
 
@@ -271,7 +272,7 @@ async fn aliases_and_concrete_slugs_never_shadow_each_other() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF018");
+    assert_eq!(e.code, SqlState::AliasCollision);
     assert_eq!(
         e.message,
         "Alias \"commV1\" cannot point at flow \"commV2\": it is the concrete slug of flow \"commV1\"."
@@ -287,7 +288,7 @@ async fn aliases_and_concrete_slugs_never_shadow_each_other() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF018");
+    assert_eq!(e.code, SqlState::AliasCollision);
     assert_eq!(
         e.message,
         "Flow slug \"comm\" is already the alias \"comm\" of flow \"commV2\"."
@@ -308,7 +309,7 @@ async fn aliases_and_concrete_slugs_never_shadow_each_other() {
         .await
         .unwrap_err(),
     );
-    assert_eq!(e.code, "22023");
+    assert_eq!(e.code, SqlState::InvalidParameterValue);
 }
 
 #[tokio::test]
@@ -400,7 +401,7 @@ async fn named_queues_are_shared_across_steps_flows_and_versions() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF016");
+    assert_eq!(e.code, SqlState::QueueSharingConflict);
     compile(pool, "solo", &roots(&["a"]), "flow").await;
     let e = db_error(
         try_named(
@@ -414,7 +415,7 @@ async fn named_queues_are_shared_across_steps_flows_and_versions() {
         .await
         .unwrap_err(),
     );
-    assert_eq!(e.code, "PF016");
+    assert_eq!(e.code, SqlState::QueueSharingConflict);
     assert_eq!(
         e.detail.as_deref(),
         Some("It is the default queue of flow \"solo\".")
@@ -428,27 +429,27 @@ async fn named_route_maps_route_every_step_once_to_a_valid_queue() {
     for (routes, code, message) in [
         (
             &[("classify", "q")][..],
-            "PF015",
+            SqlState::InvalidRouteMap,
             "The route map of flow \"bad\" leaves step \"deliver\" without a queue.",
         ),
         (
             &[("classify", "q"), ("deliver", "q"), ("deliver", "r")][..],
-            "PF015",
+            SqlState::InvalidRouteMap,
             "The route map of flow \"bad\" routes step \"deliver\" more than once.",
         ),
         (
             &[("classify", "q"), ("deliver", "q"), ("nope", "q")][..],
-            "PF015",
+            SqlState::InvalidRouteMap,
             "The route map of flow \"bad\" routes \"nope\", which is not a step of the flow.",
         ),
         (
             &[("classify", "Classify"), ("deliver", "q")][..],
-            "PF014",
+            SqlState::InvalidQueueName,
             "Queue \"Classify\" named for step \"classify\" of flow \"bad\" is not a valid queue name.",
         ),
         (
             &[("classify", "q-1"), ("deliver", "q")][..],
-            "PF014",
+            SqlState::InvalidQueueName,
             "Queue \"q-1\" named for step \"classify\" of flow \"bad\" is not a valid queue name.",
         ),
     ] {
@@ -457,7 +458,7 @@ async fn named_route_maps_route_every_step_once_to_a_valid_queue() {
                 .await
                 .unwrap_err(),
         );
-        assert_eq!((e.code.as_str(), e.message.as_str()), (code, message));
+        assert_eq!((&e.code, e.message.as_str()), (&code, message));
         assert!(e.hint.is_some());
     }
     let long = "q".repeat(48);
@@ -473,7 +474,7 @@ async fn named_route_maps_route_every_step_once_to_a_valid_queue() {
         .await
         .unwrap_err(),
     );
-    assert_eq!(e.code, "PF014");
+    assert_eq!(e.code, SqlState::InvalidQueueName);
     assert!(e.detail.unwrap().contains("this one has 48"));
     let e = db_error(
         sqlx::query("select pgflow.ensure_flow_compiled('bad', $1, queue_mode => 'named')")
@@ -482,7 +483,7 @@ async fn named_route_maps_route_every_step_once_to_a_valid_queue() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF015");
+    assert_eq!(e.code, SqlState::InvalidRouteMap);
     assert!(
         pgmq_queues(pool).await.is_empty(),
         "nothing was provisioned"
@@ -500,7 +501,7 @@ async fn an_existing_queue_is_adopted_only_when_the_caller_says_so() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF017");
+    assert_eq!(e.code, SqlState::QueueNotAdopted);
     assert!(e.hint.unwrap().contains("adopt_queues => true"));
     assert!(routes_of(pool, "commV1").await.is_empty());
 

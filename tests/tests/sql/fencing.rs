@@ -3,6 +3,7 @@
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -233,6 +234,6 @@ async fn the_fenced_forms_require_an_attempt() {
     .await
     .unwrap_err();
     let e = db_error(err);
-    assert_eq!(e.code, "22023");
+    assert_eq!(e.code, SqlState::InvalidParameterValue);
     assert!(e.message.contains("attempt is required"), "{e:?}");
 }

@@ -2,6 +2,7 @@
 //! roles holding exactly the documented worker and client grants run a flow end to end.
 
 use crate::step_support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::TestDb;
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
@@ -45,7 +46,7 @@ fn rand_suffix() -> u32 {
     Uuid::new_v4().as_u128() as u32
 }
 
-fn code(e: sqlx::Error) -> String {
+fn code(e: sqlx::Error) -> SqlState {
     db_error(e).code
 }
 
@@ -88,14 +89,14 @@ async fn a_role_with_only_schema_usage_can_call_nothing() {
         "select * from pgflow.runs",
     ] {
         let err = sqlx::query(sql).execute(&nobody).await.unwrap_err();
-        assert_eq!(code(err), "42501", "{sql}");
+        assert_eq!(code(err), SqlState::InsufficientPrivilege, "{sql}");
     }
     let err = sqlx::query("select pgflow.get_run_with_states($1)")
         .bind(run)
         .execute(&nobody)
         .await
         .unwrap_err();
-    assert_eq!(code(err), "42501");
+    assert_eq!(code(err), SqlState::InsufficientPrivilege);
     nobody.close().await;
     role.drop().await;
 }
@@ -151,7 +152,7 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
         .execute(&client)
         .await
         .unwrap_err();
-    assert_eq!(code(err), "42501");
+    assert_eq!(code(err), SqlState::InsufficientPrivilege);
 
     // The worker drains the run with the fenced calls.
     for _ in 0..2 {
@@ -221,7 +222,7 @@ async fn worker_and_client_roles_with_the_documented_grants_run_a_flow_end_to_en
             .execute(pool)
             .await
             .unwrap_err();
-        assert_eq!(code(err), "42501");
+        assert_eq!(code(err), SqlState::InsufficientPrivilege);
     }
 
     worker.close().await;

@@ -141,7 +141,7 @@ async fn the_rust_and_sql_queue_resolvers_agree_on_generated_cases_errors_includ
                         ours.detail(),
                         Some(ours.hint().to_owned())
                     ),
-                    (sql.code.as_str(), sql.message.clone(), sql.detail, sql.hint),
+                    (sql.code.code(), sql.message.clone(), sql.detail, sql.hint),
                     "flow {flow} steps {steps:?}"
                 );
                 // The step and index the typed error names are the ones SQL names.

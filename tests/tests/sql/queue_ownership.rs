@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::{test_db, wait_until};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
@@ -83,7 +84,7 @@ async fn concurrent_compiles_of_two_flows_cannot_share_a_generated_queue() {
     sqlx::query("commit").execute(&mut a).await.unwrap();
 
     let e = db_error(b.await.unwrap().unwrap_err());
-    assert_eq!(e.code, "PF013", "{e:?}");
+    assert_eq!(e.code, SqlState::QueueNotPrivate, "{e:?}");
     assert_eq!(
         e.message,
         "Queue \"x__y__z\" for step \"z\" of flow \"x__y\" is already used by another flow."

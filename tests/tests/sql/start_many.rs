@@ -1,6 +1,7 @@
 //! `start_flows`: many runs of one flow in one call, each started exactly as `start_flow` starts one.
 
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -206,10 +207,7 @@ async fn a_duplicate_run_id_fails_the_whole_call() {
         .execute(pool)
         .await
         .unwrap_err();
-    assert_eq!(
-        err.as_database_error().unwrap().code().as_deref(),
-        Some("23505")
-    );
+    assert_eq!(SqlState::of(&err), Some(SqlState::UniqueViolation));
     assert_eq!(live_messages(pool, "mixed").await, 0);
 }
 

@@ -3,6 +3,7 @@
 
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
 use serde_json::json;
 use sqlx::PgPool;
@@ -62,7 +63,7 @@ async fn flow_slugs_of_44_characters_fit_and_45_to_47_are_rejected_with_message_
     for n in [45, 46, 47] {
         let flow = slug(n);
         let e = resolve(pool, &flow, &["a"]).await.unwrap_err();
-        assert_eq!(e.code, "PF010");
+        assert_eq!(e.code, SqlState::StepQueuesImpossible);
         assert_eq!(
             e.message,
             format!("Flow \"{flow}\" cannot use per-step queues.")
@@ -121,7 +122,7 @@ async fn index_ten_uses_its_fallback_when_it_fits_and_rejects_the_flow_when_it_d
     // 44 characters: readable 58, fallback 48: the whole flow is rejected, nothing is created.
     let f44 = slug(44);
     let e = resolve(pool, &f44, &steps).await.unwrap_err();
-    assert_eq!(e.code, "PF011");
+    assert_eq!(e.code, SqlState::StepQueueNameTooLong);
     assert_eq!(
         e.message,
         format!("Cannot derive a queue for step \"deliverSlack\" at index 10 in flow \"{f44}\".")
@@ -141,7 +142,7 @@ async fn index_ten_uses_its_fallback_when_it_fits_and_rejects_the_flow_when_it_d
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF011");
+    assert_eq!(e.code, SqlState::StepQueueNameTooLong);
     let flows: i64 = sqlx::query_scalar("select count(*) from pgflow.flows")
         .fetch_one(pool)
         .await
@@ -240,7 +241,7 @@ async fn a_caller_route_map_that_disagrees_with_sql_is_rejected_before_any_mutat
         .await
         .unwrap_err();
     let e = db_error(err);
-    assert_eq!(e.code, "PF002");
+    assert_eq!(e.code, SqlState::RouteMapDisagrees);
     assert!(e.detail.unwrap().contains("comm__classify"));
     assert!(pgmq_queues(pool).await.is_empty());
 }
@@ -261,7 +262,7 @@ async fn an_application_created_queue_is_never_adopted() {
         .await
         .unwrap_err(),
     );
-    assert_eq!(e.code, "PF013");
+    assert_eq!(e.code, SqlState::QueueNotPrivate);
     assert_eq!(
         e.message,
         "Queue \"comm__deliver\" for step \"deliver\" of flow \"comm\" already exists in PGMQ."
@@ -281,7 +282,7 @@ async fn a_case_alias_of_a_generated_queue_is_rejected() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF013");
+    assert_eq!(e.code, SqlState::QueueNotPrivate);
     assert!(
         e.message
             .contains("collides with the PGMQ queue \"COMM__Classify\""),
@@ -303,7 +304,7 @@ async fn another_flows_queue_is_rejected_in_both_directions() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF013");
+    assert_eq!(e.code, SqlState::QueueNotPrivate);
     assert_eq!(
         e.detail.as_deref(),
         Some("It is the queue of step \"c__d\" in flow \"ab\".")
@@ -316,7 +317,7 @@ async fn another_flows_queue_is_rejected_in_both_directions() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF013");
+    assert_eq!(e.code, SqlState::QueueNotPrivate);
 
     // And a step queue equal to an existing plain flow's default queue.
     assert_eq!(
@@ -328,7 +329,7 @@ async fn another_flows_queue_is_rejected_in_both_directions() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF013");
+    assert_eq!(e.code, SqlState::QueueNotPrivate);
     assert_eq!(
         e.detail.as_deref(),
         Some("It is the default queue of flow \"plain__x\".")
@@ -342,7 +343,7 @@ async fn step_slugs_that_differ_only_in_case_generate_duplicate_names() {
     let e = resolve(pool, "comm", &["fetch", "Fetch"])
         .await
         .unwrap_err();
-    assert_eq!(e.code, "PF012");
+    assert_eq!(e.code, SqlState::DuplicateQueueName);
     assert_eq!(
         e.message,
         "Steps \"fetch\" (index 0) and \"Fetch\" (index 1) of flow \"comm\" resolve to the same queue \"comm__fetch\"."
@@ -360,7 +361,7 @@ async fn mode_mismatch_in_production_is_a_routing_error_distinct_from_a_shape_mi
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF001");
+    assert_eq!(e.code, SqlState::RoutingChanged);
     assert_eq!(
         e.message,
         "Flow \"comm\" is deployed with a different queue routing."
@@ -397,7 +398,7 @@ async fn a_tampered_route_is_detected_even_when_shape_and_mode_match() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(e.code, "PF001");
+    assert_eq!(e.code, SqlState::RoutingChanged);
     assert_eq!(
         e.detail.as_deref(),
         Some("Route at index 1 differs: persisted 'deliver' -> 'comm__classify', requested 'deliver' -> 'comm__deliver'.")

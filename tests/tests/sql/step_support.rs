@@ -1,6 +1,7 @@
 //! Helpers for the per-step queue tests: shapes, compilation with a queue mode, database error fields,
 //! worker registration and the classifying claim.
 
+use pgflow_sql::SqlState;
 use serde_json::{json, Value};
 use sqlx::postgres::PgDatabaseError;
 use sqlx::PgPool;
@@ -55,7 +56,7 @@ pub(crate) async fn compile(pool: &PgPool, flow: &str, shape: &Value, mode: &str
 /// SQLSTATE, MESSAGE, DETAIL and HINT of a database error.
 #[derive(Debug)]
 pub(crate) struct DbError {
-    pub(crate) code: String,
+    pub(crate) code: SqlState,
     pub(crate) message: String,
     pub(crate) detail: Option<String>,
     pub(crate) hint: Option<String>,
@@ -67,7 +68,7 @@ pub(crate) fn db_error(e: sqlx::Error) -> DbError {
         .and_then(|d| d.try_downcast_ref::<PgDatabaseError>())
         .unwrap_or_else(|| panic!("not a database error: {e}"));
     DbError {
-        code: pg.code().to_string(),
+        code: SqlState::from_code(pg.code()),
         message: pg.message().to_string(),
         detail: pg.detail().map(str::to_string),
         hint: pg.hint().map(str::to_string),

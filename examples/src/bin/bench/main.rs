@@ -231,7 +231,7 @@ impl Driver {
             Driver::Worker { max_concurrent } => {
                 // A pool of its own, sized as the worker's docs ask (completion flushers + 3), plus one.
                 let connections =
-                    pgflow_runtime::WorkerConfig::default().completion_flushers as u32 + 4;
+                    pgflow_runtime::worker::WorkerConfig::default().completion_flushers as u32 + 4;
                 let pool = sqlx::postgres::PgPoolOptions::new()
                     .max_connections(connections)
                     .connect_with(options.clone())

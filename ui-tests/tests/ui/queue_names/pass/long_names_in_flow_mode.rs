@@ -18,7 +18,7 @@ mod long_names {
 }
 
 fn main() {
-    use pgflow_runtime::queue_names::{default_queue_name, resolve_step_queues};
+    use pgflow_runtime::sql::names::{default_queue_name, resolve_step_queues};
     use pgflow_runtime::{Flow, FlowStep};
     assert_eq!(LongNames::SLUG.len(), 45);
     // Its single queue fits; per-step queues could not exist for it.

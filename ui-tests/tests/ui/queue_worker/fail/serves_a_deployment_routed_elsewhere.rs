@@ -1,5 +1,5 @@
 // Proves: a queue worker serves only deployments that route a step to its queue; `serve::<D>()` of another is a compile error that names both and says what to do.
-use pgflow_runtime::{deployment, flow, queue, OnQueue, WorkerBuilder};
+use pgflow_runtime::{deployment, flow, queue, worker::OnQueue, worker::WorkerBuilder};
 
 #[flow(slug = "communityThreadsV1", input = String)]
 pub mod community_v1 {

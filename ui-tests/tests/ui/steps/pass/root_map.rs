@@ -23,7 +23,7 @@ mod root_map {
 }
 
 fn main() {
-    use pgflow_runtime::{Flow, FlowStep, StepKind};
+    use pgflow_runtime::{Flow, FlowStep, flows::StepKind};
     assert_eq!(root_map::Step::Score.kind(), StepKind::Map);
     assert_eq!(RootMap::shape()["steps"][0]["stepType"], "map");
 }

@@ -6,17 +6,21 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use serde::Deserialize;
 use serde_json::Value;
-use sqlx::{PgPool, Postgres};
+use sqlx::PgPool;
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
-use crate::deployment::Deployment;
-use crate::flow::Flow;
+use crate::deployments::Deployment;
+use crate::flows::Flow;
 use crate::statements;
 use crate::watch::Hub;
+
+mod start;
+mod state;
+
+pub use start::{start, start_by_slug, start_deployed, start_many, start_many_by_slug, StartedRun};
+pub use state::{RunRow, RunState, RunStatus, StepState, StepStatus};
 
 /// An error starting a run or reading one.
 #[derive(Debug, thiserror::Error)]
@@ -102,188 +106,6 @@ pub enum WaitError {
     Database(#[from] sqlx::Error),
 }
 
-/// Starts a typed run with any executor: a pool, a connection, or the caller's transaction
-/// (`&mut *tx`), so a run can start atomically with the caller's own writes.
-///
-/// ```no_run
-/// # use pgflow_runtime::{flow, StepError};
-/// # #[flow(slug = "greet", input = String)]
-/// # mod greet { use pgflow_runtime::StepError;
-/// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut tx = pool.begin().await?;
-/// sqlx::query("insert into signups (name) values ($1)").bind("Ada").execute(&mut *tx).await?;
-/// let run_id = pgflow_runtime::client::start_flow::<greet::Greet, _>(&mut *tx, &"Ada".to_owned()).await?;
-/// tx.commit().await?;
-/// # let _ = run_id; Ok(()) }
-/// ```
-///
-/// # Errors
-///
-/// [`ClientError::Input`] when the input does not serialize, [`ClientError::Database`] when
-/// `pgflow.start_flow` fails (unknown flow, a root map given a non-array).
-pub async fn start_flow<'e, F, E>(executor: E, input: &F::Input) -> Result<Uuid, ClientError>
-where
-    F: Flow,
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    let input = serde_json::to_value(input).map_err(|source| ClientError::Input {
-        flow_slug: F::SLUG.to_owned(),
-        source,
-    })?;
-    start_flow_by_slug(executor, F::SLUG, &input, None).await
-}
-
-/// Starts one typed run per input in one statement (`pgflow.start_flows`), with any executor; returns the
-/// run ids in input order. Either every run starts or none does. Starting many runs this way costs the
-/// database far less than one [`start_flow`] each: most of a start is fixed cost per call.
-///
-/// ```no_run
-/// # use pgflow_runtime::{flow, StepError};
-/// # #[flow(slug = "greet", input = String)]
-/// # mod greet { use pgflow_runtime::StepError;
-/// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let names = ["Ada".to_owned(), "Grace".to_owned()];
-/// let run_ids = pgflow_runtime::client::start_flows::<greet::Greet, _>(&pool, &names).await?;
-/// assert_eq!(run_ids.len(), 2);
-/// # Ok(()) }
-/// ```
-///
-/// # Errors
-///
-/// [`ClientError::Input`] when an input does not serialize, [`ClientError::Database`] when
-/// `pgflow.start_flows` fails (unknown flow, a root map given a non-array: the message names its position).
-pub async fn start_flows<'e, F, E>(
-    executor: E,
-    inputs: &[F::Input],
-) -> Result<Vec<Uuid>, ClientError>
-where
-    F: Flow,
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    let inputs = inputs
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| ClientError::Input {
-            flow_slug: F::SLUG.to_owned(),
-            source,
-        })?;
-    start_flows_by_slug(executor, F::SLUG, &inputs).await
-}
-
-/// Starts one run per JSON input of a flow slug or an alias, in one statement; returns the run ids in input
-/// order. Either every run starts or none does.
-///
-/// # Errors
-///
-/// [`ClientError::Database`] when `pgflow.start_flows` fails.
-pub async fn start_flows_by_slug<'e, E>(
-    executor: E,
-    flow_slug: &str,
-    inputs: &[Value],
-) -> Result<Vec<Uuid>, ClientError>
-where
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    Ok(sqlx::query_scalar(statements::START_FLOWS)
-        .bind(flow_slug)
-        .bind(inputs)
-        .fetch_all(executor)
-        .await?)
-}
-
-/// Starts a run of deployment `D` by its alias, with a typed input, with any executor (a pool, a connection,
-/// or the caller's transaction). `pgflow.start_flow` resolves the alias to the concrete version it points at
-/// now; a deployment without an alias starts its concrete slug.
-///
-/// ```no_run
-/// # use pgflow_runtime::{deployment, flow, queue};
-/// # #[flow(slug = "communityThreadsV2", input = String)]
-/// # mod community_v2 { use pgflow_runtime::StepError;
-/// #   #[step] async fn classify(text: String) -> Result<String, StepError> { Ok(text) } }
-/// # #[queue("classify_threads")]
-/// # pub struct ClassifyThreads;
-/// # #[deployment(alias = "communityThreads", name = CommunityV2Deployment)]
-/// # pub fn community_v2(step: community_v2::Step) {
-/// #     match step { community_v2::Step::Classify => ClassifyThreads }
-/// # }
-/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let mut tx = pool.begin().await?;
-/// let started = pgflow_runtime::client::start_deployed::<CommunityV2Deployment, _>(&mut *tx, &"help?".to_owned()).await?;
-/// tx.commit().await?;
-/// println!("run {} of {}", started.run_id, started.flow_slug);
-/// # Ok(()) }
-/// ```
-///
-/// # Errors
-///
-/// [`ClientError::Input`] when the input does not serialize, [`ClientError::Database`] when
-/// `pgflow.start_flow` fails (an alias no worker has activated yet and no concrete slug of that name, a root
-/// map given a non-array).
-pub async fn start_deployed<'e, D, E>(
-    executor: E,
-    input: &<D::Flow as Flow>::Input,
-) -> Result<StartedRun, ClientError>
-where
-    D: Deployment,
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    let name = D::ALIAS.unwrap_or(<D::Flow as Flow>::SLUG);
-    let input = serde_json::to_value(input).map_err(|source| ClientError::Input {
-        flow_slug: name.to_owned(),
-        source,
-    })?;
-    start(executor, name, &input, None).await
-}
-
-/// Starts a run by flow slug with a JSON input, optionally with a chosen run id.
-///
-/// # Errors
-///
-/// [`ClientError::Database`] when `pgflow.start_flow` fails.
-pub async fn start_flow_by_slug<'e, E>(
-    executor: E,
-    flow_slug: &str,
-    input: &Value,
-    run_id: Option<Uuid>,
-) -> Result<Uuid, ClientError>
-where
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    Ok(start(executor, flow_slug, input, run_id).await?.run_id)
-}
-
-/// `pgflow.start_flow` of a concrete slug or an alias.
-async fn start<'e, E>(
-    executor: E,
-    name: &str,
-    input: &Value,
-    run_id: Option<Uuid>,
-) -> Result<StartedRun, ClientError>
-where
-    E: sqlx::Executor<'e, Database = Postgres>,
-{
-    let (run_id, flow_slug) = sqlx::query_as(statements::START_FLOW)
-        .bind(name)
-        .bind(input)
-        .bind(run_id)
-        .fetch_one(executor)
-        .await?;
-    Ok(StartedRun { run_id, flow_slug })
-}
-
-/// A run just started: its id and the concrete flow slug it runs (what an alias resolved to).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StartedRun {
-    /// The run id (`pgflow.runs.run_id`).
-    pub run_id: Uuid,
-    /// The concrete flow slug (`pgflow.runs.flow_slug`).
-    pub flow_slug: String,
-}
-
 /// Starts runs and watches them. Cheap to clone; the pool stays the caller's.
 ///
 /// ```no_run
@@ -342,9 +164,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// See [`start_flow`].
+    /// See [`start()`].
     pub async fn start<F: Flow>(&self, input: &F::Input) -> Result<RunHandle<F>, ClientError> {
-        let run_id = start_flow::<F, _>(&self.pool, input).await?;
+        let run_id = start::<F, _>(&self.pool, input).await?;
         Ok(self.handle(run_id))
     }
 
@@ -353,12 +175,12 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// See [`start_flows`].
+    /// See [`start_many()`].
     pub async fn start_many<F: Flow>(
         &self,
         inputs: &[F::Input],
     ) -> Result<Vec<RunHandle<F>>, ClientError> {
-        let run_ids = start_flows::<F, _>(&self.pool, inputs).await?;
+        let run_ids = start_many::<F, _>(&self.pool, inputs).await?;
         Ok(run_ids.into_iter().map(|id| self.handle(id)).collect())
     }
 
@@ -392,7 +214,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// See [`start_deployed`].
+    /// See [`start_deployed()`].
     pub async fn start_deployed<D: Deployment>(
         &self,
         input: &<D::Flow as Flow>::Input,
@@ -410,9 +232,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// See [`start_flow_by_slug`].
+    /// See [`start_by_slug()`].
     pub async fn start_by_slug(&self, flow_slug: &str, input: &Value) -> Result<Uuid, ClientError> {
-        start_flow_by_slug(&self.pool, flow_slug, input, None).await
+        start_by_slug(&self.pool, flow_slug, input, None).await
     }
 
     /// A typed handle on an existing run of `F`.
@@ -515,24 +337,20 @@ impl Client {
 
     /// `Some(output)` when completed, an error when failed or missing, `None` while running.
     async fn outcome(&self, run_id: Uuid) -> Result<Option<Value>, WaitError> {
-        type Row = (String, Option<Value>, Option<String>, Option<String>);
+        type Row = (RunStatus, Option<Value>, Option<String>, Option<String>);
         let row: Option<Row> = sqlx::query_as(statements::RUN_OUTCOME)
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;
         match row {
             None => Err(WaitError::NotFound { run_id }),
-            Some((status, output, _, _)) if status == "completed" => {
-                Ok(Some(output.unwrap_or(Value::Null)))
-            }
-            Some((status, _, failed_step, error_message)) if status == "failed" => {
-                Err(WaitError::Failed {
-                    run_id,
-                    failed_step,
-                    error_message,
-                })
-            }
-            Some(_) => Ok(None),
+            Some((RunStatus::Completed, output, _, _)) => Ok(Some(output.unwrap_or(Value::Null))),
+            Some((RunStatus::Failed, _, failed_step, error_message)) => Err(WaitError::Failed {
+                run_id,
+                failed_step,
+                error_message,
+            }),
+            Some((RunStatus::Started, ..)) => Ok(None),
         }
     }
 }
@@ -615,87 +433,4 @@ impl<F: Flow> fmt::Debug for RunHandle<F> {
             .field("run_id", &self.run_id)
             .finish()
     }
-}
-
-/// A run's status.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum RunStatus {
-    /// Running.
-    Started,
-    /// Every step finished.
-    Completed,
-    /// A step failed the run.
-    Failed,
-    /// A status this build does not know.
-    #[serde(other)]
-    Unknown,
-}
-
-/// A run with its step states, as `pgflow.get_run_with_states` returns it.
-#[derive(Debug, Clone, Deserialize)]
-#[non_exhaustive]
-pub struct RunState {
-    /// The run row.
-    pub run: RunRow,
-    /// One entry per step.
-    pub steps: Vec<StepState>,
-}
-
-impl RunState {
-    /// The state of one step.
-    pub fn step(&self, step_slug: &str) -> Option<&StepState> {
-        self.steps.iter().find(|s| s.step_slug == step_slug)
-    }
-}
-
-/// `pgflow.runs`.
-#[derive(Debug, Clone, Deserialize)]
-#[non_exhaustive]
-pub struct RunRow {
-    /// The run id.
-    pub run_id: Uuid,
-    /// The flow slug.
-    pub flow_slug: String,
-    /// The status.
-    pub status: RunStatus,
-    /// The input.
-    pub input: Value,
-    /// The output (set when completed).
-    #[serde(default)]
-    pub output: Option<Value>,
-    /// Steps not finished yet.
-    #[serde(default)]
-    pub remaining_steps: Option<i32>,
-    /// Start time.
-    pub started_at: DateTime<Utc>,
-    /// Completion time.
-    #[serde(default)]
-    pub completed_at: Option<DateTime<Utc>>,
-    /// Failure time.
-    #[serde(default)]
-    pub failed_at: Option<DateTime<Utc>>,
-}
-
-/// `pgflow.step_states`.
-#[derive(Debug, Clone, Deserialize)]
-#[non_exhaustive]
-pub struct StepState {
-    /// The step slug.
-    pub step_slug: String,
-    /// `created`, `started`, `completed`, `failed` or `skipped`.
-    pub status: String,
-    /// Tasks not finished yet.
-    #[serde(default)]
-    pub remaining_tasks: Option<i32>,
-    /// The step output (map steps: the array of task outputs).
-    #[serde(default)]
-    pub output: Option<Value>,
-    /// The error of a failed (or handler-failed skipped) step.
-    #[serde(default)]
-    pub error_message: Option<String>,
-    /// Why the step was skipped.
-    #[serde(default)]
-    pub skip_reason: Option<String>,
 }

@@ -63,13 +63,13 @@
 //! }
 //! ```
 
-use crate::flow::Flow;
+use crate::flows::Flow;
 
 /// A named, shared PGMQ queue, declared once with [`#[queue("name")]`](macro@crate::queue) on a unit
 /// struct.
 ///
 /// The name is checked while the attribute expands: a lowercase identifier of 1 to 47 characters
-/// ([`check_queue_name`](crate::queue_names::check_queue_name)), which PGMQ accepts too. Several
+/// ([`check_queue_name`](pgflow_sql::names::check_queue_name)), which PGMQ accepts too. Several
 /// steps, flows and versions may route to one queue.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a declared queue",
