@@ -67,7 +67,8 @@ sqlstates! {
     QueueNotAdopted = "PF017",
     /// `PF018`: an alias collides with a concrete flow slug (or another alias, by letter case).
     AliasCollision = "PF018",
-    /// `PF019`: an alias cannot point at a flow that is not compiled.
+    /// `PF019`: a flow slug names no compiled flow (an alias target, or the version asked about).
+    /// `version_retirable`'s error lists the known slugs.
     AliasTargetMissing = "PF019",
     /// `PF020`: a worker's subscription does not match the persisted routes.
     SubscriptionInvalid = "PF020",

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::privileges::Role;
 use crate::step_support::*;
 use crate::support::*;
+use pgflow_sql::SqlState;
 use pgflow_tests::{test_db, wait_until, TestDb};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection, PgPool};
@@ -48,7 +49,7 @@ async fn a_worker_role_cannot_recompile_destructively_with_allow_data_loss() {
             .await
             .expect_err("a worker role must not delete a flow's runs"),
     );
-    assert_eq!(err.code, "42501", "{err:?}");
+    assert_eq!(err.code, SqlState::InsufficientPrivilege, "{err:?}");
     assert!(err.message.contains("\"dl\""), "{err:?}");
     assert!(err.hint.is_some(), "{err:?}");
     assert!(run_exists(owner, run).await, "the run must survive");
@@ -68,7 +69,7 @@ async fn a_worker_role_cannot_recompile_destructively_with_allow_data_loss() {
         .await
         .expect_err("SET ROLE to a worker role gives up the admin's rights"),
     );
-    assert_eq!(err.code, "42501", "{err:?}");
+    assert_eq!(err.code, SqlState::InsufficientPrivilege, "{err:?}");
     assert!(err.message.contains(&role.name), "{err:?}");
     sqlx::query("reset role")
         .execute(&mut *as_worker)
@@ -109,7 +110,7 @@ async fn a_worker_role_cannot_make_its_own_session_local_to_recompile() {
         .await
         .expect_err("a worker role must not delete a flow's runs"),
     );
-    assert_eq!(err.code, "42501", "{err:?}");
+    assert_eq!(err.code, SqlState::InsufficientPrivilege, "{err:?}");
     assert!(run_exists(owner, run).await, "the run must survive");
 
     drop(conn);
@@ -138,7 +139,7 @@ async fn set_vt_batch_refuses_a_queue_that_pgflow_does_not_serve() {
         .await
         .expect_err("another application's queue is not the worker's"),
     );
-    assert_eq!(err.code, "22023", "{err:?}");
+    assert_eq!(err.code, SqlState::InvalidParameterValue, "{err:?}");
     assert!(err.message.contains("other_app"), "{err:?}");
     let hidden: bool = sqlx::query_scalar("select vt > clock_timestamp() from pgmq.q_other_app")
         .fetch_one(owner)
@@ -415,7 +416,7 @@ async fn version_retirable_refuses_an_unknown_slug_and_names_the_known_ones() {
                 .await
                 .expect_err("an unknown slug is not retirable, it is a mistake"),
         );
-        assert_eq!(err.code, "PF019", "{wrong}: {err:?}");
+        assert_eq!(err.code, SqlState::AliasTargetMissing, "{wrong}: {err:?}");
         assert!(err.message.contains(wrong), "{err:?}");
         let detail = err.detail.clone().unwrap_or_default();
         assert!(
@@ -497,7 +498,7 @@ async fn a_new_flow_slug_and_an_alias_of_the_same_name_never_both_commit() {
         "session B must wait for session A's name lock, got {result:?}"
     );
     let err = db_error(result.expect_err("alias \"x\" would hide flow \"x\""));
-    assert_eq!(err.code, "PF018", "{err:?}");
+    assert_eq!(err.code, SqlState::AliasCollision, "{err:?}");
     let aliases: i64 = sqlx::query_scalar("select count(*) from pgflow.flow_aliases")
         .fetch_one(pool)
         .await
@@ -538,7 +539,7 @@ async fn an_alias_and_a_new_flow_slug_of_the_same_name_never_both_commit() {
         "session B must wait for session A's name lock, got {result:?}"
     );
     let err = db_error(result.expect_err("flow \"X\" would be hidden by alias \"x\""));
-    assert_eq!(err.code, "PF018", "{err:?}");
+    assert_eq!(err.code, SqlState::AliasCollision, "{err:?}");
     let flows: i64 =
         sqlx::query_scalar("select count(*) from pgflow.flows where lower(flow_slug) = 'x'")
             .fetch_one(pool)
@@ -564,7 +565,7 @@ async fn a_null_or_non_object_shape_is_refused() {
                 .await
                 .expect_err("a flow needs a shape object with a steps array"),
         );
-        assert_eq!(err.code, "22023", "{shape}: {err:?}");
+        assert_eq!(err.code, SqlState::InvalidParameterValue, "{shape}: {err:?}");
         assert!(err.message.contains("\"noShape\""), "{shape}: {err:?}");
         assert!(err.hint.is_some(), "{shape}: {err:?}");
     }
@@ -596,7 +597,7 @@ async fn read_and_claim_tasks_refuses_a_null_quantity() {
             .await
             .expect_err("a NULL quantity is a caller's mistake, not the whole queue"),
     );
-    assert_eq!(err.code, "22023", "{err:?}");
+    assert_eq!(err.code, SqlState::InvalidParameterValue, "{err:?}");
     assert!(
         err.message.contains("qty") && err.message.contains("\"nq\""),
         "{err:?}"
