@@ -64,6 +64,8 @@ pub mod error;
 pub mod flow;
 mod statements;
 pub mod step_queued;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod watch;
 pub mod worker;
 
