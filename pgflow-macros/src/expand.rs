@@ -166,6 +166,64 @@ fn output_type(step: &Step) -> TokenStream {
     }
 }
 
+/// `Debug`, `Clone`, `PartialEq` and `Eq` for the run output struct, each implemented when every
+/// leaf output implements it, so a flow whose outputs lack a trait still compiles.
+///
+/// The bounds name concrete types; `for<'a>` makes each one a bound the compiler checks where the
+/// impl is used rather than a "trivial bound" it rejects on stable Rust when it does not hold.
+fn output_traits(output_ident: &Ident, leaves: &[&Step]) -> TokenStream {
+    let field_idents: Vec<&Ident> = leaves.iter().map(|s| &s.handler.ident).collect();
+    let field_names: Vec<String> = field_idents.iter().map(|f| f.to_string()).collect();
+    let types: Vec<TokenStream> = leaves
+        .iter()
+        .map(|s| {
+            let ty = output_type(s);
+            if s.may_be_absent() {
+                quote!(::core::option::Option<#ty>)
+            } else {
+                ty
+            }
+        })
+        .collect();
+    let name = output_ident.to_string();
+    quote! {
+        #[automatically_derived]
+        impl ::core::fmt::Debug for #output_ident
+        where #(for<'__pgflow> #types: ::core::fmt::Debug,)*
+        {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                f.debug_struct(#name)
+                    #(.field(#field_names, &self.#field_idents))*
+                    .finish()
+            }
+        }
+
+        #[automatically_derived]
+        impl ::core::clone::Clone for #output_ident
+        where #(for<'__pgflow> #types: ::core::clone::Clone,)*
+        {
+            fn clone(&self) -> Self {
+                Self { #(#field_idents: ::core::clone::Clone::clone(&self.#field_idents),)* }
+            }
+        }
+
+        #[automatically_derived]
+        impl ::core::cmp::PartialEq for #output_ident
+        where #(for<'__pgflow> #types: ::core::cmp::PartialEq,)*
+        {
+            fn eq(&self, other: &Self) -> bool {
+                #(if self.#field_idents != other.#field_idents { return false; })*
+                true
+            }
+        }
+
+        #[automatically_derived]
+        impl ::core::cmp::Eq for #output_ident
+        where #(for<'__pgflow> #types: ::core::cmp::Eq,)*
+        {}
+    }
+}
+
 /// Everything that replaces the `#[flow]` module of a flow without errors.
 pub(crate) fn expand(flow: &Flow) -> TokenStream {
     let p = private(flow);
@@ -176,12 +234,19 @@ pub(crate) fn expand(flow: &Flow) -> TokenStream {
     let (mut generated, reexport) = common_items(flow);
 
     // Run output: one field per leaf step.
-    let fields = flow
+    let leaves: Vec<&Step> = flow
         .steps
         .iter()
         .enumerate()
-        .filter(|(i, _)| !flow.steps.iter().any(|s| s.deps.iter().any(|d| d.index == *i)))
-        .map(|(_, s)| {
+        .filter(|(i, _)| {
+            !flow
+                .steps
+                .iter()
+                .any(|s| s.deps.iter().any(|d| d.index == *i))
+        })
+        .map(|(_, s)| s)
+        .collect();
+    let fields = leaves.iter().map(|s| {
             let field = &s.handler.ident;
             let ty = output_type(s);
             let step_slug = &s.slug.value;
@@ -205,6 +270,7 @@ pub(crate) fn expand(flow: &Flow) -> TokenStream {
         #[allow(unreachable_pub)]
         pub struct #output_ident { #(#fields)* }
     });
+    generated.push(output_traits(&output_ident, &leaves));
 
     let arms = flow.steps.iter().map(|s| dispatch_arm(flow, s, &p));
     generated.push(quote! {

@@ -328,3 +328,40 @@ fn every_mistake_of_a_deployment_is_reported_and_the_fallback_still_deploys() {
     assert!(out.contains("RoutesTo < ClassifyThreads > for V1"));
     assert!(out.contains("RoutesTo < Cpu > for V1"));
 }
+
+#[test]
+fn run_output_fields_are_optional_exactly_for_leaves_that_may_be_skipped() {
+    let (out, errors) = expand(
+        quote!(slug = "outputs", input = String),
+        quote! {
+            mod outputs {
+                #[step]
+                async fn root(s: String) -> Result<String, StepError> { Ok(s) }
+                #[step(depends_on = [root])]
+                async fn plain_leaf(root: String) -> Result<u32, StepError> { Ok(0) }
+                #[step(depends_on = [root], if = { root: "x" })]
+                async fn skippable_leaf(root: String) -> Result<bool, StepError> { Ok(true) }
+                #[step(depends_on = [root], if = { root: "x" }, when_unmet = fail)]
+                async fn failing_leaf(root: String) -> Result<i8, StepError> { Ok(1) }
+                #[step(depends_on = [root], when_exhausted = skip)]
+                async fn exhausted_leaf(root: String) -> Result<i16, StepError> { Ok(1) }
+                #[step(depends_on = [root], when_exhausted = skip_cascade)]
+                async fn cascading(root: String) -> Result<String, StepError> { Ok(root) }
+                #[step(depends_on = [cascading])]
+                async fn below_cascade(cascading: String) -> Result<i32, StepError> { Ok(1) }
+            }
+        },
+    );
+    assert_eq!(errors, Vec::<String>::new());
+    let option = |t: &str| format!(":: core :: option :: Option < {t} >");
+    for (field, ty) in [
+        ("plain_leaf", "u32".to_owned()),
+        ("failing_leaf", "i8".to_owned()),
+        ("skippable_leaf", option("bool")),
+        ("exhausted_leaf", option("i16")),
+        ("below_cascade", option("i32")),
+    ] {
+        let decl = format!("pub {field} : {ty} ,");
+        assert!(out.contains(&decl), "{decl} missing from the expansion");
+    }
+}

@@ -67,6 +67,8 @@ mod error;
 pub mod flows;
 mod statements;
 pub mod step_queued;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod watch;
 pub mod worker;
 

@@ -1,8 +1,7 @@
 //! The slug and queue-name rules in plain Rust: the same rules the SQL core enforces.
 //!
-//! The SQL is authoritative: `pgflow.is_valid_slug` (migration `0002_utilities.sql`) decides what a
-//! slug is, and `pgflow.resolve_step_queues` (migration `0011_step_queue_names.sql`) decides every
-//! per-step queue name. This module states the same rules in Rust, without any database or heavy
+//! The SQL is authoritative: `pgflow.is_valid_slug` decides what a slug is, and
+//! `pgflow.resolve_step_queues` decides every per-step queue name (both in `pgflow-sql/migrations/`). This module states the same rules in Rust, without any database or heavy
 //! dependency, so that the `#[flow]` macro runs them at expansion time (it depends on this crate with
 //! `default-features = false`) and the runtime re-exports them as `pgflow_runtime::sql::names`.
 //! The integration tests compare [`resolve_step_queues`] with the SQL resolver on generated names,

@@ -64,8 +64,10 @@ pub fn init_tracing() {
 /// Its one step blocks forever in a process that set [`crash_flow::BLOCK`] (only the
 /// `crashy_worker` child, which the test kills mid-task), and returns its input doubled otherwise.
 /// The switch is process-local state rather than an environment variable, so nothing the test
-/// process inherits can make its own worker block.
-#[pgflow_runtime::flow(slug = "crashFlow", input = i64, timeout = 2)]
+/// process inherits can make its own worker block. The step timeout is long (10 minutes) so that
+/// stalled-task recovery cannot rescue a killed worker's task within a test: only dead-worker
+/// recovery (a missing heartbeat) can.
+#[pgflow_runtime::flow(slug = "crashFlow", input = i64, timeout = 600)]
 pub mod crash_flow {
     use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -197,7 +197,7 @@ async fn workers_reconnect_by_themselves_after_postgresql_restarts_mid_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_a_workers_connections_while_it_records_loses_nothing_and_records_nothing_twice() {
+async fn killing_a_workers_connections_while_it_records_loses_nothing() {
     let db = test_db().await;
     let pool = db.pool();
     let started = Instant::now();

@@ -83,8 +83,7 @@ async fn waiting_times_out_and_reports_unknown_runs() {
     let err = run
         .wait(Duration::from_millis(200))
         .await
-        .err()
-        .expect("the wait fails");
+        .expect_err("the wait fails");
     assert!(matches!(err, WaitError::TimedOut { .. }), "{err}");
     let err = client
         .wait_json(uuid::Uuid::new_v4(), Duration::from_millis(200))

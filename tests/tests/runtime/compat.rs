@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use crate::support;
+use crate::support::Bounded;
 
 #[flow(slug = "compatFlow", input = String, max_attempts = 2, timeout = 30)]
 mod original {
@@ -85,6 +86,7 @@ async fn a_different_stored_flow_refuses_to_start_listing_the_differences() {
         .await;
     let err = support::fast(Worker::<changed::Changed>::builder(pool.clone()))
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     let WorkerError::ShapeMismatch {
@@ -114,7 +116,7 @@ async fn a_different_stored_flow_refuses_to_start_listing_the_differences() {
     let token = CancellationToken::new();
     token.cancel();
     assert_eq!(
-        report.run(token).await.unwrap().compile_status,
+        report.run(token).bounded().await.unwrap().compile_status,
         CompileStatus::Recompiled
     );
 }
@@ -125,6 +127,7 @@ async fn a_database_without_pgflow_is_refused_unless_auto_install_is_on() {
     let pool = db.pool();
     let err = support::fast(Worker::<original::Original>::builder(pool.clone()))
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     assert!(matches!(err, WorkerError::SchemaMissing { .. }), "{err}");
@@ -133,6 +136,7 @@ async fn a_database_without_pgflow_is_refused_unless_auto_install_is_on() {
     let report = support::fast(Worker::<original::Original>::builder(pool.clone()))
         .auto_install(true)
         .run(token)
+        .bounded()
         .await
         .unwrap();
     assert_eq!(report.compile_status, CompileStatus::Compiled);
@@ -177,6 +181,7 @@ async fn a_foreign_message_in_a_plain_flow_queue_stops_the_worker_without_mutati
 
     let err = support::fast(Worker::<original::Original>::builder(pool.clone()))
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     let WorkerError::Unsupported(batch) = &err else {
@@ -279,7 +284,11 @@ async fn a_plain_worker_whose_build_lacks_a_step_with_work_in_flight_refuses_to_
         .build()
         .unwrap();
     let id = worker.id();
-    let err = worker.run(CancellationToken::new()).await.unwrap_err();
+    let err = worker
+        .run(CancellationToken::new())
+        .bounded()
+        .await
+        .unwrap_err();
     let WorkerError::CoverageGap { queue, gaps } = &err else {
         panic!("expected a coverage gap, got {err}");
     };

@@ -61,7 +61,7 @@ async fn exhausted_retries_fail_the_run_and_waiting_names_the_step_and_message()
         .start::<doomed::Doomed>(&"x".to_owned())
         .await
         .unwrap();
-    let err = run.wait(LIMIT).await.err().expect("the wait fails");
+    let err = run.wait(LIMIT).await.expect_err("the wait fails");
     let WaitError::Failed {
         failed_step,
         error_message,
@@ -103,7 +103,7 @@ async fn a_terminal_error_skips_the_remaining_attempts() {
         .start::<terminal::Terminal>(&"r".to_owned())
         .await
         .unwrap();
-    let err = run.wait(LIMIT).await.err().expect("the wait fails");
+    let err = run.wait(LIMIT).await.expect_err("the wait fails");
     assert!(
         matches!(err, WaitError::Failed { ref failed_step, .. } if failed_step.as_deref() == Some("rejects"))
     );
@@ -133,7 +133,7 @@ async fn a_panicking_handler_is_recorded_as_a_failure_and_the_worker_keeps_going
     let worker = support::spawn::<panicky::Panicky>(pool).await;
     let client = Client::new(pool.clone());
     let bad = client.start::<panicky::Panicky>(&7).await.unwrap();
-    let err = bad.wait(LIMIT).await.err().expect("the wait fails");
+    let err = bad.wait(LIMIT).await.expect_err("the wait fails");
     let WaitError::Failed { error_message, .. } = err else {
         panic!("expected failure")
     };
@@ -185,7 +185,7 @@ async fn the_effective_timeout_cancels_the_handler_and_fails_the_task_with_retri
     let worker = support::spawn::<slow::Slow>(pool).await;
     let client = Client::new(pool.clone());
     let run = client.start::<slow::Slow>(&1).await.unwrap();
-    let err = run.wait(LIMIT).await.err().expect("the wait fails");
+    let err = run.wait(LIMIT).await.expect_err("the wait fails");
     let WaitError::Failed { error_message, .. } = err else {
         panic!("expected failure")
     };

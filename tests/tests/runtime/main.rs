@@ -8,6 +8,7 @@ mod failures;
 mod flows;
 mod queue_workers;
 mod reliability;
+mod retention;
 mod rollout;
 mod shutdown;
 mod steps;

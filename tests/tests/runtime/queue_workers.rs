@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::Bounded;
 use crate::support::{self, LIMIT};
 
 #[flow(slug = "signupsV1", input = String)]
@@ -310,7 +311,11 @@ async fn a_queue_worker_lacking_a_pair_that_an_active_alias_or_an_in_flight_run_
         .build()
         .unwrap();
     let id = worker.id();
-    let err = worker.run(CancellationToken::new()).await.unwrap_err();
+    let err = worker
+        .run(CancellationToken::new())
+        .bounded()
+        .await
+        .unwrap_err();
     let WorkerError::CoverageGap { queue, gaps } = &err else {
         panic!("expected a coverage gap, got {err}");
     };
@@ -349,7 +354,11 @@ async fn a_queue_worker_lacking_a_pair_that_an_active_alias_or_an_in_flight_run_
         .build()
         .unwrap();
     let id = worker.id();
-    let err = worker.run(CancellationToken::new()).await.unwrap_err();
+    let err = worker
+        .run(CancellationToken::new())
+        .bounded()
+        .await
+        .unwrap_err();
     let WorkerError::CoverageGap { gaps, .. } = &err else {
         panic!("expected a coverage gap, got {err}");
     };
@@ -463,6 +472,7 @@ async fn a_queue_worker_serving_no_deployment_or_one_concrete_flow_twice_refuses
     let pool = db.pool();
     let err = support::fast(QueueWorker::<SharedWork>::builder(pool.clone()))
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     assert!(
@@ -475,6 +485,7 @@ async fn a_queue_worker_serving_no_deployment_or_one_concrete_flow_twice_refuses
             .serve::<SignupsAgain>(),
     )
     .run(CancellationToken::new())
+    .bounded()
     .await
     .unwrap_err();
     let WorkerError::DuplicateFlow { queue, flow_slug } = &err else {

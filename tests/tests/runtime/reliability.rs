@@ -4,7 +4,7 @@
 //! and real roles with the documented grants run a flow.
 
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgflow_runtime::{client::WaitError, flow, Client, StepContext, StepError};
 use serde_json::json;
@@ -151,16 +151,18 @@ async fn an_output_postgresql_cannot_store_fails_only_its_own_task_and_error_mes
         );
     }
     let failing = client.start::<echo::Echo>(&"err".into()).await.unwrap();
-    let started = Instant::now();
     let worker = support::spawn::<echo::Echo>(pool).await;
 
+    // The good outputs are recorded on their first attempt: the bad one neither holds them back
+    // until a timeout nor sends them round again.
     for (i, run) in good.iter().enumerate() {
         assert_eq!(run.wait(LIMIT).await.unwrap().echo, format!("fine {i}"));
+        assert_eq!(
+            support::task(pool, run.run_id(), "echo", 0).await,
+            ("completed".to_owned(), 1, None),
+            "good output {i}: completed on its first attempt"
+        );
     }
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "good outputs must not wait for the bad one"
-    );
     let Err(WaitError::Failed {
         failed_step,
         error_message,
@@ -184,7 +186,8 @@ async fn an_output_postgresql_cannot_store_fails_only_its_own_task_and_error_mes
         panic!("the failing run fails");
     };
     assert_eq!(error_message.as_deref(), Some("bad \\u0000 message"));
-    worker.stop().await;
+    let report = worker.stop().await;
+    assert_eq!((report.completed, report.failed, report.stale), (5, 2, 0));
 }
 
 #[flow(slug = "quickFlow", input = i64)]
@@ -195,6 +198,15 @@ mod quick {
     async fn quick(n: i64) -> Result<i64, StepError> {
         Ok(n)
     }
+}
+
+/// The worker's last heartbeat, as the database recorded it.
+async fn heartbeat(pool: &PgPool, worker_id: Uuid) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("select last_heartbeat_at from pgflow.workers where worker_id = $1")
+        .bind(worker_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
 /// Statuses of the quick runs' tasks: (started, queued, completed).
@@ -240,22 +252,47 @@ async fn claiming_pauses_while_results_wait_to_be_recorded_and_shutdown_stays_bo
         quick_counts(pool).await.0 == 3
     })
     .await;
-    // With three results unrecorded, the worker claims nothing more.
-    let watch = Instant::now();
-    while watch.elapsed() < Duration::from_millis(500) {
-        assert_eq!(quick_counts(pool).await, (3, 7, 0));
-        tokio::task::yield_now().await;
+    // The worker's recording of those three results waits on the locked run rows.
+    pgflow_tests::wait_until(
+        LIMIT,
+        "the recording to wait on the run rows' lock",
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from pg_stat_activity \
+             where datname = current_database() and wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+                > 0
+        },
+    )
+    .await;
+    // With three results unrecorded, the worker claims nothing more, while it polls (every 10 to 50 ms)
+    // and heartbeats (every 100 ms): it stays at three across three of its heartbeats.
+    let worker_id = worker.id();
+    for beat in 0..3 {
+        let seen = heartbeat(pool, worker_id).await;
+        pgflow_tests::wait_until(LIMIT, "the worker's next heartbeat", || async {
+            heartbeat(pool, worker_id).await > seen
+        })
+        .await;
+        assert_eq!(
+            quick_counts(pool).await,
+            (3, 7, 0),
+            "after heartbeat {beat}"
+        );
     }
 
-    // Shutdown does not wait for the database without limit: past the grace the results are left to recovery.
-    let stopping = Instant::now();
+    // Shutdown does not wait for the database without limit (`stop` is bounded by LIMIT): past the grace it
+    // returns while the run rows are still locked, and the results are left to recovery.
     let report = worker.stop().await;
-    assert!(
-        stopping.elapsed() < Duration::from_secs(15),
-        "stopped after {:?}",
-        stopping.elapsed()
-    );
     assert_eq!(report.completed, 0);
+    let still_locked: i64 = sqlx::query_scalar("select count(*) from pgflow.runs")
+        .fetch_one(&mut *blocker)
+        .await
+        .unwrap();
+    assert_eq!(still_locked, 10, "the blocker's transaction is still open");
     blocker.rollback().await.unwrap();
 
     // Another worker finishes every run.

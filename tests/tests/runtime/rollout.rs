@@ -15,6 +15,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::support::Bounded;
 use crate::support::{self, LIMIT};
 use pgflow_runtime::sql::SqlState;
 
@@ -153,6 +154,7 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
     //    compiles V2; a fenced start activates nothing and claims nothing.
     let err = classify(pool, true, true)
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     assert!(
@@ -172,6 +174,7 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
     assert!(compiled, "the fenced start compiled V2");
     let err = deliver(pool, true, true)
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     assert!(matches!(err, WorkerError::FunctionDisabled { .. }), "{err}");
@@ -235,7 +238,9 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
             run.wait(LIMIT).await.unwrap().deliver_slack,
             "v1 delivered help (classified by v1)"
         );
-        for worker in task_workers(pool, run.run_id()).await {
+        let ran_by = task_workers(pool, run.run_id()).await;
+        assert!(!ran_by.is_empty(), "the run's tasks record who ran them");
+        for worker in ran_by {
             assert!(new_workers.contains(&worker), "run by {worker}");
         }
     }
@@ -362,6 +367,7 @@ async fn v1_is_retirable_only_after_its_runs_drain_and_then_a_worker_without_it_
     // A deliver worker without V1 refuses to start while V1 drains.
     let err = deliver(pool, false, true)
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     let WorkerError::CoverageGap { gaps, .. } = &err else {
@@ -427,6 +433,7 @@ async fn a_refused_start_of_a_retired_build_leaves_the_alias_where_it_was_and_an
     // The retired V1-only build, started by mistake: refused, and the alias has not moved.
     let err = classify(pool, true, false)
         .run(CancellationToken::new())
+        .bounded()
         .await
         .unwrap_err();
     let WorkerError::CoverageGap { gaps, .. } = &err else {

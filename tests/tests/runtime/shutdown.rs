@@ -45,6 +45,23 @@ async fn started_tasks(pool: &sqlx::PgPool) -> i64 {
         .unwrap()
 }
 
+/// A worker's last heartbeat and its deprecation time.
+async fn heartbeat(
+    pool: &sqlx::PgPool,
+    id: Uuid,
+) -> (
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+) {
+    sqlx::query_as(
+        "select last_heartbeat_at, deprecated_at from pgflow.workers where worker_id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 async fn worker_stopped(pool: &sqlx::PgPool, id: Uuid) -> bool {
     sqlx::query_scalar("select stopped_at is not null from pgflow.workers where worker_id = $1")
         .bind(id)
@@ -118,7 +135,7 @@ async fn a_deprecated_worker_stops_claiming_drains_and_exits() {
     let pool = db.pool();
     let worker = support::spawn::<sleepy::Sleepy>(pool).await;
     let client = Client::new(pool.clone());
-    let run = client.start::<sleepy::Sleepy>(&300).await.unwrap();
+    let run = client.start::<sleepy::Sleepy>(&3000).await.unwrap();
     pgflow_tests::wait_until(LIMIT, "the task to start", || async {
         started_tasks(pool).await == 1
     })
@@ -127,12 +144,35 @@ async fn a_deprecated_worker_stops_claiming_drains_and_exits() {
         .execute(pool)
         .await
         .unwrap();
+    // Work started after deprecation stays queued while the worker still runs: checked before it exits,
+    // across two of its heartbeats (every 100 ms; it polls every 10 to 50 ms), while its first task naps.
+    let worker_id = worker.id();
+    let deprecated_at = heartbeat(pool, worker_id).await.1.expect("deprecated");
+    pgflow_tests::wait_until(LIMIT, "a heartbeat that sees the deprecation", || async {
+        heartbeat(pool, worker_id).await.0 > deprecated_at
+    })
+    .await;
+    let later = client.start::<sleepy::Sleepy>(&1).await.unwrap();
+    for _ in 0..2 {
+        let seen = heartbeat(pool, worker_id).await.0;
+        pgflow_tests::wait_until(LIMIT, "the worker's next heartbeat", || async {
+            heartbeat(pool, worker_id).await.0 > seen
+        })
+        .await;
+    }
+    assert_eq!(
+        started_tasks(pool).await,
+        1,
+        "the first task is still running"
+    );
+    assert_eq!(
+        support::task(pool, later.run_id(), "nap", 0).await.0,
+        "queued"
+    );
     let report = worker.join().await;
     assert_eq!(report.stop_reason, StopReason::Deprecated);
     assert_eq!(report.completed, 1);
     assert_eq!(support::run_status(pool, run.run_id()).await, "completed");
-    // Work started after deprecation stays queued.
-    let later = client.start::<sleepy::Sleepy>(&1).await.unwrap();
     assert_eq!(
         support::task(pool, later.run_id(), "nap", 0).await.0,
         "queued"
@@ -186,6 +226,13 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
         support::task(pool, run.run_id(), "work", 0).await.0 == "started"
     })
     .await;
+    let dead_worker: Uuid = sqlx::query_scalar(
+        "select last_worker_id from pgflow.step_tasks where run_id = $1 and step_slug = 'work'",
+    )
+    .bind(run.run_id())
+    .fetch_one(pool)
+    .await
+    .unwrap();
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     let status = child.wait().await.unwrap();
@@ -196,10 +243,18 @@ async fn a_worker_killed_mid_task_has_its_task_recovered_and_the_run_completes()
     );
 
     // The child's heartbeat stops; this worker's maintenance finds it dead after `dead_worker_timeout` (1 s in
-    // the test settings) and requeues its task at once, instead of after the step timeout + 30 s.
+    // the test settings) and requeues its task at once. Stalled-task recovery cannot do it within the wait: the
+    // step timeout is 10 minutes. Only the dead-worker sweep marks the silent worker stopped.
     let rescuer = support::spawn::<CrashFlow>(pool).await;
-    let out = run.wait(Duration::from_secs(60)).await.unwrap();
+    let out = run
+        .wait(LIMIT)
+        .await
+        .expect("the dead worker's task is recovered by the dead-worker sweep, not the 10-minute step timeout");
     assert_eq!(out.work, 42);
+    assert!(
+        worker_stopped(pool, dead_worker).await,
+        "the dead-worker sweep marks the killed worker stopped"
+    );
     let requeued: i32 =
         sqlx::query_scalar("select requeued_count from pgflow.step_tasks where run_id = $1")
             .bind(run.run_id())

@@ -18,6 +18,19 @@ use sqlx::PgPool;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+/// A bounded wait: a test that awaits a worker's refusal fails after [`LIMIT`] when the refusal breaks,
+/// instead of hanging with a worker that runs.
+pub(crate) trait Bounded: std::future::Future + Sized {
+    /// Awaits `self` for at most [`LIMIT`]; panics after it.
+    async fn bounded(self) -> Self::Output {
+        tokio::time::timeout(LIMIT, self).await.expect(
+            "finished within the limit (a worker that should have refused to start is running)",
+        )
+    }
+}
+
+impl<F: std::future::Future> Bounded for F {}
+
 /// Settings that keep tests fast.
 pub(crate) fn fast<K>(b: WorkerBuilder<K>) -> WorkerBuilder<K> {
     b.poll_interval(Duration::from_millis(10))

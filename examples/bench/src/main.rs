@@ -1,7 +1,7 @@
 //! The pgflow-rs benchmark: raw PGMQ floor, the SQL core driven upstream-style, and the pgflow-rs
 //! workers, all in one run on one durable database.
 //!
-//! `cargo run --release -p pgflow-examples --bin bench [-- --seconds 5 --tasks 6000 --k 1,4,16]`
+//! `cargo run --release -p pgflow-bench --bin bench [-- --seconds 5 --tasks 6000 --k 1,4,16]`
 //!
 //! With `DATABASE_URL` unset it starts a throwaway PostgreSQL with the production defaults (`fsync`
 //! and `synchronous_commit` on); with it set, it creates a database of its own on that server. It
