@@ -52,7 +52,9 @@ use uuid::Uuid;
 
 pub use pgflow_sql::throwaway::{FreshDatabase as TestDatabase, ThrowawayError};
 
-use crate::{Client, ClientError, Flow, StepContext, WaitError, Worker, WorkerError};
+use crate::client::{ClientError, WaitError};
+use crate::worker::WorkerError;
+use crate::{Client, Flow, StepContext, Worker};
 
 /// How long [`run`] waits for a run to finish.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(30);

@@ -565,7 +565,11 @@ async fn a_null_or_non_object_shape_is_refused() {
                 .await
                 .expect_err("a flow needs a shape object with a steps array"),
         );
-        assert_eq!(err.code, SqlState::InvalidParameterValue, "{shape}: {err:?}");
+        assert_eq!(
+            err.code,
+            SqlState::InvalidParameterValue,
+            "{shape}: {err:?}"
+        );
         assert!(err.message.contains("\"noShape\""), "{shape}: {err:?}");
         assert!(err.hint.is_some(), "{shape}: {err:?}");
     }
