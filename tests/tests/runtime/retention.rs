@@ -43,13 +43,14 @@ async fn run_exists(pool: &PgPool, run_id: Uuid) -> bool {
         .unwrap()
 }
 
-/// A worker row whose heartbeat stopped a minute ago: the next maintenance sweep marks it stopped, which
+/// A worker row whose heartbeat stopped 20 s ago (past the dead-worker threshold, within the 60 s retention,
+/// so retention does not delete it): the next maintenance sweep marks it stopped, which
 /// shows that a sweep ran.
 async fn plant_silent_worker(pool: &PgPool) -> Uuid {
     let id = Uuid::new_v4();
     sqlx::query(
         "insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at) \
-         values ($1, 'keptflow', 'keptflow', now() - interval '1 minute')",
+         values ($1, 'keptflow', 'keptflow', now() - interval '20 seconds')",
     )
     .bind(id)
     .execute(pool)
