@@ -22,6 +22,7 @@ mod floor;
 mod flows;
 mod history;
 mod sql_driver;
+mod sustained;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -98,6 +99,11 @@ struct Args {
     budget_tasks: usize,
     /// Concurrency levels of the budget scenario.
     budget_ks: Vec<usize>,
+    /// Seconds of the sustained-load scenario (0 leaves it out of a full run; `--only sustained` alone
+    /// runs it for 180 s unless this says otherwise).
+    sustained_seconds: u64,
+    /// The retention window of the sustained-load scenario's worker, in seconds.
+    sustained_retention: u64,
 }
 
 impl Args {
@@ -124,6 +130,8 @@ impl Args {
             history_drain_tasks: 2000,
             budget_tasks: 2000,
             budget_ks: vec![1, 4],
+            sustained_seconds: 0,
+            sustained_retention: 5,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -157,11 +165,13 @@ impl Args {
                 "--history-k" => args.history_ks = list(&flag, &value()?)?,
                 "--budget-tasks" => args.budget_tasks = one(&flag, &value()?)?,
                 "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
+                "--sustained-seconds" => args.sustained_seconds = one(&flag, &value()?)?,
+                "--sustained-retention" => args.sustained_retention = one(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,sustained,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -330,9 +340,13 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     let mut invalid: Vec<String> = Vec::new();
     let seconds = Duration::from_secs_f64(args.seconds);
 
-    // The floor (not for a history-only or budget-only selection: those compare drivers by their own
+    // The floor (not for a history-, budget- or sustained-only selection: those compare drivers by their own
     // counts).
-    let floor_kinds = if args.only.iter().any(|o| o == "history" || o == "budget") {
+    let floor_kinds = if args
+        .only
+        .iter()
+        .any(|o| o == "history" || o == "budget" || o == "sustained")
+    {
         Vec::new()
     } else {
         vec![
@@ -493,6 +507,28 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             };
             eprintln!("{}: {:.0} ms; {}", row.what, row.value, row.extra);
             rows.push(row);
+        }
+    }
+
+    // Sustained load with retention at a short window: history stays bounded, the rate steady.
+    let sustained_only = args.only.iter().any(|o| o == "sustained");
+    if args.sustained_seconds > 0 || sustained_only {
+        let settings = sustained::Settings {
+            duration: Duration::from_secs(if args.sustained_seconds > 0 {
+                args.sustained_seconds
+            } else {
+                180
+            }),
+            retention: Duration::from_secs(args.sustained_retention),
+            k: args.ks.iter().copied().max().unwrap_or(16),
+        };
+        match sustained::run(&db, settings).await {
+            Ok(sustained_rows) => rows.extend(sustained_rows),
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("sustained: INVALID: {message}");
+                invalid.push(format!("sustained: {message}"));
+            }
+            Err(e) => return Err(e),
         }
     }
 
@@ -907,11 +943,16 @@ fn print_table(
             }
             floor_at(rows, row.k, label).map_or(String::new(), |f| format!("{:.2}", row.value / f))
         };
+        // Ratios (unit ×) need their decimals; rates and times do not.
+        let value = if row.unit == "×" {
+            format!("{:.2}", row.value)
+        } else {
+            format!("{:.0}", row.value)
+        };
         println!(
-            "| {} | {} | {:.0} {} | {} | {} | {} |",
+            "| {} | {} | {value} {} | {} | {} | {} |",
             row.what,
             row.k,
-            row.value,
             row.unit,
             ratio(FloorKind::Pipeline.label()),
             ratio(FloorKind::RelayBatched.label()),
