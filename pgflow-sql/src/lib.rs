@@ -267,6 +267,7 @@ pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, Instal
 pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
     let exists: bool =
         sqlx::query_scalar("select to_regclass('pgflow.schema_migrations') is not null")
+            .persistent(false)
             .fetch_one(&mut *conn)
             .await?;
     if !exists {
@@ -274,6 +275,7 @@ pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, In
     }
     Ok(
         sqlx::query_scalar("select version from pgflow.schema_migrations order by version")
+            .persistent(false)
             .fetch_all(&mut *conn)
             .await?,
     )
