@@ -86,7 +86,7 @@ impl<F: Flow> StepContext<F> {
         self
     }
 
-    /// Whether `pool` goes through a transaction pooler (see [`Pooling`](crate::Pooling)): then
+    /// Whether `pool` goes through a transaction pooler (see [`Pooling`](crate::pooling::Pooling)): then
     /// [`StepContext::flow_input`] reads the run with an unnamed statement in a transaction of its own.
     #[must_use]
     pub fn behind_transaction_pooler(mut self, pooled: bool) -> Self {

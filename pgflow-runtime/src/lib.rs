@@ -65,7 +65,7 @@ mod decode;
 pub mod deployments;
 mod error;
 pub mod flows;
-mod pooling;
+pub mod pooling;
 mod statements;
 pub mod step_queued;
 #[cfg(feature = "testing")]
@@ -83,7 +83,6 @@ pub use deployments::{Deployment, Queue, RoutesTo, Routing};
 pub use error::{BoxError, StepError};
 pub use flows::{Flow, FlowStep};
 pub use pgflow_macros::{deployment, flow, queue, step};
-pub use pooling::Pooling;
 pub use step_queued::StepQueued;
 pub use worker::{QueueWorker, Worker};
 

@@ -181,7 +181,7 @@ pub(crate) struct Maintenance {
     pub(crate) dead_after: Option<Duration>,
     pub(crate) retention: Option<Duration>,
     pub(crate) retention_batch: usize,
-    /// Behind a transaction pooler (see [`Pooling`](crate::Pooling)).
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
     pub(crate) pooled: bool,
 }
 

@@ -211,7 +211,7 @@ pub(crate) struct Claimer {
     pub(crate) step_slugs: Vec<&'static str>,
     pub(crate) read_visibility_secs: i32,
     pub(crate) worker_id: Uuid,
-    /// Behind a transaction pooler (see [`Pooling`](crate::Pooling)).
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
     pub(crate) pooled: bool,
 }
 

@@ -27,7 +27,7 @@ pub(crate) struct Shared {
     pub(crate) timeout_cancel_wait: Duration,
     pub(crate) results: mpsc::UnboundedSender<TaskResult>,
     pub(crate) pending: Pending,
-    /// Behind a transaction pooler (see [`Pooling`](crate::Pooling)).
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
     pub(crate) pooled: bool,
 }
 

@@ -34,7 +34,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use crate::config::{Compilation, ConfigError, WorkerConfig};
-pub use crate::pooling::Pooling;
 pub use error::{CoverageGap, GapReason, UnsupportedBatch, WorkerError};
 pub use report::{AliasActivation, CompileStatus, DeploymentStatus, StopReason, WorkerReport};
 
@@ -218,11 +217,11 @@ impl<K, C> WorkerBuilder<K, C> {
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,
         /// Install or upgrade the schema at startup (default `false`; refused with
-        /// [`Pooling::Transaction`](crate::Pooling::Transaction), installing needs a direct connection).
+        /// [`Pooling::Transaction`](crate::pooling::Pooling::Transaction), installing needs a direct connection).
         auto_install: bool,
-        /// How the pool reaches PostgreSQL (default [`Pooling::Direct`](crate::Pooling::Direct));
-        /// [`Pooling::transaction()`](crate::Pooling::transaction) behind PgBouncer in transaction mode.
-        pooling: crate::Pooling,
+        /// How the pool reaches PostgreSQL (default [`Pooling::Direct`](crate::pooling::Pooling::Direct));
+        /// [`Pooling::transaction()`](crate::pooling::Pooling::transaction) behind PgBouncer in transaction mode.
+        pooling: crate::pooling::Pooling,
     }
 
     /// The worker function (`pgflow.worker_functions.function_name`); default: the queue name.

@@ -42,7 +42,7 @@ pub(crate) struct Recorder {
     pub(crate) backoff_max: Duration,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending: Pending,
-    /// Behind a transaction pooler (see [`Pooling`](crate::Pooling)).
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
     pub(crate) pooled: bool,
 }
 

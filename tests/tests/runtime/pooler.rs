@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use pgflow_runtime::worker::{ConfigError, WorkerError};
 use pgflow_runtime::{
-    deployment, flow, queue, Client, Pooling, QueueWorker, StepError, StepQueued, Worker,
+    deployment, flow, pooling::Pooling, queue, Client, QueueWorker, StepError, StepQueued, Worker,
 };
 use pgflow_sql::throwaway::TempPgBouncer;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 
 use crate::support::{self, Bounded, LIMIT};
 
@@ -255,4 +255,38 @@ async fn auto_install_behind_a_transaction_pooler_is_refused_with_the_way_out() 
         .expect("refused");
     assert_eq!(err, ConfigError::AutoInstallBehindPooler);
     assert!(err.to_string().contains("direct connection"), "{err}");
+}
+
+#[tokio::test]
+async fn installing_through_pgbouncer_is_refused_with_the_way_out() {
+    let db = pgflow_tests::db_with(pgflow_tests::Contents::Empty).await;
+    let server = pgflow_sql::throwaway::server().await.expect("server");
+    // One server connection: another client's named statement is certainly on it.
+    let bouncer = TempPgBouncer::start(&server.options(db.name()), 1)
+        .await
+        .unwrap_or_else(|e| panic!("cannot start pgbouncer: {e}"));
+    let mut other = sqlx::PgConnection::connect_with(&bouncer.options(db.name()))
+        .await
+        .expect("connect");
+    sqlx::query_scalar::<_, i32>("select 1")
+        .fetch_one(&mut other)
+        .await
+        .expect("a named statement on the server connection");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(bouncer.options(db.name()))
+        .await
+        .expect("connect through pgbouncer");
+    let err = pgflow_sql::install(&pool).await.expect_err("refused");
+    assert!(
+        matches!(err, pgflow_sql::InstallError::ThroughPooler(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("direct connection"), "{err}");
+    let schema: Option<String> =
+        sqlx::query_scalar("select nspname::text from pg_namespace where nspname = 'pgflow'")
+            .fetch_optional(db.pool())
+            .await
+            .expect("read");
+    assert_eq!(schema, None, "nothing installed");
 }
