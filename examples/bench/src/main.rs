@@ -13,6 +13,9 @@
 //! same bursts on an empty database and again on a million finished tasks, and times the maintenance
 //! statements on that history (`history.rs`).
 //!
+//! The processes scenario (`--only processes`: 1, 4 and 16 worker OS processes) and the idle latency probe
+//! (`--only probe`) are in `processes.rs`; they run only when named.
+//!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
@@ -21,6 +24,7 @@ mod db;
 mod floor;
 mod flows;
 mod history;
+mod processes;
 mod sql_driver;
 
 use std::process::ExitCode;
@@ -98,6 +102,8 @@ struct Args {
     budget_tasks: usize,
     /// Concurrency levels of the budget scenario.
     budget_ks: Vec<usize>,
+    /// The processes scenario and the idle probe.
+    processes: processes::Settings,
 }
 
 impl Args {
@@ -124,6 +130,15 @@ impl Args {
             history_drain_tasks: 2000,
             budget_tasks: 2000,
             budget_ks: vec![1, 4],
+            processes: processes::Settings {
+                counts: vec![1, 4, 16],
+                handlers: 16,
+                tasks: 2000,
+                idle: Duration::from_secs(3),
+                wake_runs: 10,
+                probe_samples: 100,
+                probe_interval: Duration::from_millis(200),
+            },
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -157,11 +172,22 @@ impl Args {
                 "--history-k" => args.history_ks = list(&flag, &value()?)?,
                 "--budget-tasks" => args.budget_tasks = one(&flag, &value()?)?,
                 "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
+                "--processes" => args.processes.counts = list(&flag, &value()?)?,
+                "--processes-handlers" => args.processes.handlers = one(&flag, &value()?)?,
+                "--processes-tasks" => args.processes.tasks = one(&flag, &value()?)?,
+                "--processes-idle-seconds" => {
+                    args.processes.idle = Duration::from_secs_f64(one(&flag, &value()?)?)
+                }
+                "--processes-wake-runs" => args.processes.wake_runs = one(&flag, &value()?)?,
+                "--probe-samples" => args.processes.probe_samples = one(&flag, &value()?)?,
+                "--probe-interval-ms" => {
+                    args.processes.probe_interval = Duration::from_millis(one(&flag, &value()?)?)
+                }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -295,6 +321,15 @@ struct Wal {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--worker-process") {
+        return match processes::child_main().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench worker process: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = match Args::parse() {
         Ok(args) => args,
         Err(message) => {
@@ -332,7 +367,11 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // The floor (not for a history-only or budget-only selection: those compare drivers by their own
     // counts).
-    let floor_kinds = if args.only.iter().any(|o| o == "history" || o == "budget") {
+    let floor_kinds = if args
+        .only
+        .iter()
+        .any(|o| matches!(o.as_str(), "history" | "budget" | "processes" | "probe"))
+    {
         Vec::new()
     } else {
         vec![
@@ -460,6 +499,14 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         };
         eprintln!("{} K={k_max}: {again:.0} msg/s; {}", row.what, row.extra);
         rows.push(row);
+    }
+
+    // Many worker processes, and the idle latency probe: only when named (`--only processes`, `--only probe`).
+    if args.only.iter().any(|o| o == "processes") {
+        rows.extend(processes::processes(&db, &args.processes).await?);
+    }
+    if args.only.iter().any(|o| o == "probe") {
+        rows.extend(processes::probe_latency(&db, &args.processes).await?);
     }
 
     // Starvation: the community-threads burst in plain and step-queued modes.
