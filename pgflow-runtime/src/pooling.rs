@@ -27,7 +27,7 @@ pub enum Pooling {
         /// A direct connection (bypassing the pooler) for `LISTEN`: one per worker, and one per client
         /// while it waits. `None`: nothing listens, and idle workers and waits poll (a worker's pick-up
         /// of new work is then bounded by `max_poll_wait`, a wait's by the client's poll fallback).
-        listen: Option<PgConnectOptions>,
+        listen: Option<Box<PgConnectOptions>>,
     },
 }
 
@@ -40,7 +40,7 @@ impl Pooling {
     /// A transaction pooler, with a direct connection for `LISTEN`.
     pub fn transaction_with_listen(direct: PgConnectOptions) -> Self {
         Pooling::Transaction {
-            listen: Some(direct),
+            listen: Some(Box::new(direct)),
         }
     }
 
@@ -54,10 +54,7 @@ impl Pooling {
     pub(crate) fn listen_on(&self) -> Option<Option<&PgConnectOptions>> {
         match self {
             Pooling::Direct => Some(None),
-            Pooling::Transaction { listen: None } => None,
-            Pooling::Transaction {
-                listen: Some(options),
-            } => Some(Some(options)),
+            Pooling::Transaction { listen } => listen.as_deref().map(Some),
         }
     }
 }

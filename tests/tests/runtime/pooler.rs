@@ -247,12 +247,13 @@ async fn auto_install_behind_a_transaction_pooler_is_refused_with_the_way_out() 
     let pool = PgPoolOptions::new()
         .connect_lazy("postgres://localhost/unused")
         .expect("lazy");
-    let err = Worker::<diamond::Diamond>::builder(pool)
+    let Err(err) = Worker::<diamond::Diamond>::builder(pool)
         .pooling(Pooling::transaction())
         .auto_install(true)
         .build()
-        .err()
-        .expect("refused");
+    else {
+        panic!("auto_install behind a transaction pooler was accepted");
+    };
     assert_eq!(err, ConfigError::AutoInstallBehindPooler);
     assert!(err.to_string().contains("direct connection"), "{err}");
 }
