@@ -24,6 +24,8 @@ use crate::{BenchError, Driver, Row};
 
 /// Handler-side timestamps of the probe.
 pub(crate) mod probe {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::{HashMap, Instant, Mutex};
 
     /// What a handler notes.
@@ -37,11 +39,16 @@ pub(crate) mod probe {
         DependentStarted,
     }
 
-    /// Off (`None`) outside the probe, so other scenarios pay one lock per handler at most.
+    /// Whether the probe runs: other scenarios' handlers pay one relaxed load, no lock.
+    static ENABLED: AtomicBool = AtomicBool::new(false);
+    /// The notes, while the probe runs.
     static MARKS: Mutex<Option<HashMap<(Mark, i64), Instant>>> = Mutex::new(None);
 
     /// Notes `mark` for the run with input `n` (the first note of each kind counts).
     pub(crate) fn mark(mark: Mark, n: i64) {
+        if !ENABLED.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(marks) = MARKS.lock().expect("probe lock").as_mut() {
             marks.entry((mark, n)).or_insert_with(Instant::now);
         }
@@ -49,6 +56,7 @@ pub(crate) mod probe {
 
     pub(super) fn enable(on: bool) {
         *MARKS.lock().expect("probe lock") = on.then(HashMap::new);
+        ENABLED.store(on, Ordering::Relaxed);
     }
 
     pub(super) fn get(mark: Mark, n: i64) -> Option<Instant> {
