@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::pooling::Pooling;
+
 /// What the worker does with the flow definition at startup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -42,6 +44,7 @@ pub enum Compilation {
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
+/// | `pooling` | [`Pooling::Direct`] | how the pool reaches PostgreSQL; [`Pooling::Transaction`] behind PgBouncer in transaction mode (see `docs/poolers.md`) |
 ///
 /// Each exchange records the finished outputs and claims the next tasks in one round trip and one
 /// transaction (`pgflow.exchange`); failures are recorded one by one beside it.
@@ -102,6 +105,8 @@ pub struct WorkerConfig {
     pub compilation: Compilation,
     /// Install or upgrade the schema at startup.
     pub auto_install: bool,
+    /// How the pool reaches PostgreSQL (directly, or through a transaction pooler).
+    pub pooling: Pooling,
 }
 
 impl Default for WorkerConfig {
@@ -127,6 +132,7 @@ impl Default for WorkerConfig {
             worker_name: None,
             compilation: Compilation::Verify,
             auto_install: false,
+            pooling: Pooling::Direct,
         }
     }
 }
@@ -180,6 +186,11 @@ pub enum ConfigError {
         /// The dead-worker timeout.
         dead_worker_timeout: Duration,
     },
+    /// `auto_install` behind a transaction pooler: installing needs a direct connection.
+    #[error("`auto_install` needs a direct connection to PostgreSQL, and `pooling` says the pool goes through a \
+        transaction pooler: install with `pgflow-sql install` (or `pgflow_sql::install`) over a direct connection \
+        before starting workers, and drop `auto_install`")]
+    AutoInstallBehindPooler,
     /// An empty or too long worker name.
     #[error("`worker_name` must be 1 to 128 characters, got {len}")]
     WorkerName {
@@ -209,6 +220,9 @@ impl WorkerConfig {
     ///
     /// The first invalid setting, as a [`ConfigError`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.auto_install && self.pooling.is_transaction() {
+            return Err(ConfigError::AutoInstallBehindPooler);
+        }
         for (setting, value, max) in [
             ("max_concurrent", self.max_concurrent, 10_000),
             ("batch_size", self.batch_size, 1_000),

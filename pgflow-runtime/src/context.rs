@@ -32,6 +32,7 @@ pub struct StepContext<F: Flow> {
     attempt: i32,
     msg_id: i64,
     pool: PgPool,
+    pooled: bool,
     cancellation: CancellationToken,
     flow_input: Arc<OnceCell<Arc<F::Input>>>,
 }
@@ -51,6 +52,7 @@ impl<F: Flow> StepContext<F> {
             attempt: 1,
             msg_id: 0,
             pool,
+            pooled: false,
             cancellation: CancellationToken::new(),
             flow_input: Arc::new(OnceCell::new()),
         }
@@ -81,6 +83,14 @@ impl<F: Flow> StepContext<F> {
     #[must_use]
     pub fn with_cancellation(mut self, token: CancellationToken) -> Self {
         self.cancellation = token;
+        self
+    }
+
+    /// Whether `pool` goes through a transaction pooler (see [`Pooling`](crate::pooling::Pooling)): then
+    /// [`StepContext::flow_input`] reads the run with an unnamed statement in a transaction of its own.
+    #[must_use]
+    pub fn behind_transaction_pooler(mut self, pooled: bool) -> Self {
+        self.pooled = pooled;
         self
     }
 
@@ -139,10 +149,9 @@ impl<F: Flow> StepContext<F> {
     pub async fn flow_input(&self) -> Result<Arc<F::Input>, StepError> {
         self.flow_input
             .get_or_try_init(|| async {
-                let raw: serde_json::Value = sqlx::query_scalar(crate::statements::RUN_INPUT)
-                    .bind(self.run_id)
-                    .fetch_one(&self.pool)
-                    .await?;
+                let query = sqlx::query_scalar(crate::statements::RUN_INPUT).bind(self.run_id);
+                let raw: serde_json::Value =
+                    crate::pooling::run!(self.pooled, &self.pool, query, fetch_one).await?;
                 serde_json::from_value::<F::Input>(raw)
                     .map(Arc::new)
                     .map_err(|e| {
@@ -168,6 +177,7 @@ impl<F: Flow> Clone for StepContext<F> {
             attempt: self.attempt,
             msg_id: self.msg_id,
             pool: self.pool.clone(),
+            pooled: self.pooled,
             cancellation: self.cancellation.clone(),
             flow_input: Arc::clone(&self.flow_input),
         }

@@ -134,6 +134,15 @@ pub enum InstallError {
     /// The database could not be reached or a bookkeeping query failed.
     #[error("pgflow install: database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A prepared statement went missing or collided (`42P05`, `26000`): the connection goes through a
+    /// pooler in transaction mode, and installing needs a direct connection.
+    #[error(
+        "pgflow install: {0}; this happens behind a connection pooler in transaction mode (PgBouncer \
+         `pool_mode = transaction`): installing runs DDL with prepared statements and needs a direct \
+         connection to the server, so install with a URL that bypasses the pooler (e.g. port 5432 instead \
+         of 6432), then point workers and clients at the pooler with `Pooling::transaction()`"
+    )]
+    ThroughPooler(sqlx::Error),
     /// PGMQ's embedded SQL failed to install.
     #[error("pgflow install: installing PGMQ from the pgmq crate's embedded SQL failed: {0}")]
     Pgmq(String),
@@ -205,6 +214,32 @@ pub enum InstallError {
 /// migration, or a database error.
 #[cfg(feature = "install")]
 pub async fn install(pool: &PgPool) -> Result<InstallReport, InstallError> {
+    install_with_pool(pool)
+        .await
+        .map_err(InstallError::behind_pooler)
+}
+
+#[cfg(feature = "install")]
+impl InstallError {
+    /// A prepared-statement collision or loss becomes [`InstallError::ThroughPooler`].
+    fn behind_pooler(self) -> Self {
+        let pooled = |e: &sqlx::Error| {
+            matches!(
+                e.as_database_error().and_then(|d| d.code()).as_deref(),
+                Some("42P05" | "26000")
+            )
+        };
+        match self {
+            InstallError::Database(e) | InstallError::Migration { source: e, .. } if pooled(&e) => {
+                InstallError::ThroughPooler(e)
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(feature = "install")]
+async fn install_with_pool(pool: &PgPool) -> Result<InstallReport, InstallError> {
     let pgmq = ensure_pgmq(pool).await?;
     let mut conn = pool.acquire().await?;
     let (applied, upgraded_development_schema) = apply_migrations(&mut conn).await?;
@@ -267,6 +302,7 @@ pub async fn install_on(conn: &mut PgConnection) -> Result<InstallReport, Instal
 pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, InstallError> {
     let exists: bool =
         sqlx::query_scalar("select to_regclass('pgflow.schema_migrations') is not null")
+            .persistent(false)
             .fetch_one(&mut *conn)
             .await?;
     if !exists {
@@ -274,6 +310,7 @@ pub async fn applied_versions(conn: &mut PgConnection) -> Result<Vec<String>, In
     }
     Ok(
         sqlx::query_scalar("select version from pgflow.schema_migrations order by version")
+            .persistent(false)
             .fetch_all(&mut *conn)
             .await?,
     )

@@ -158,7 +158,7 @@ impl Frontend {
 
 /// Live totals over every relayed connection.
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct Counters {
     startups: AtomicU64,
     syncs: AtomicU64,
     pings: AtomicU64,
@@ -170,9 +170,9 @@ struct Counters {
 
 /// A snapshot of [`Counters`].
 #[derive(Debug, Default, Clone, Copy)]
-struct Wire {
-    tally: Tally,
-    bytes: u64,
+pub(crate) struct Wire {
+    pub(crate) tally: Tally,
+    pub(crate) bytes: u64,
 }
 
 impl Counters {
@@ -184,7 +184,7 @@ impl Counters {
         self.executes.fetch_add(t.executes, Ordering::Relaxed);
     }
 
-    fn snapshot(&self) -> Wire {
+    pub(crate) fn snapshot(&self) -> Wire {
         Wire {
             tally: Tally {
                 startups: self.startups.load(Ordering::Relaxed),
@@ -199,9 +199,9 @@ impl Counters {
 }
 
 /// The counting relay: listens on 127.0.0.1 (ephemeral port), forwards every connection to the server.
-struct Relay {
-    port: u16,
-    counters: Arc<Counters>,
+pub(crate) struct Relay {
+    pub(crate) port: u16,
+    pub(crate) counters: Arc<Counters>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -212,7 +212,7 @@ impl Drop for Relay {
 }
 
 impl Relay {
-    async fn start(host: String, port: u16) -> std::io::Result<Relay> {
+    pub(crate) async fn start(host: String, port: u16) -> std::io::Result<Relay> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let local = listener.local_addr()?.port();
         let counters = Arc::new(Counters::default());

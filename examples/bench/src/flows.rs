@@ -6,14 +6,18 @@ use pgflow_runtime::{flow, StepError};
 #[flow(slug = "benchDiamond", input = i64)]
 pub(crate) mod diamond {
     use super::StepError;
+    use crate::processes::probe;
 
     #[step]
     async fn a(n: i64) -> Result<i64, StepError> {
+        probe::mark(probe::Mark::RootStarted, n);
+        probe::mark(probe::Mark::RootDone, n);
         Ok(n)
     }
 
     #[step(depends_on = [a])]
     async fn b(a: i64) -> Result<i64, StepError> {
+        probe::mark(probe::Mark::DependentStarted, a);
         Ok(a + 1)
     }
 

@@ -13,6 +13,9 @@
 //! same bursts on an empty database and again on a million finished tasks, and times the maintenance
 //! statements on that history (`history.rs`).
 //!
+//! The processes scenario (`--only processes`: 1, 4 and 16 worker OS processes) and the idle latency probe
+//! (`--only probe`) are in `processes.rs`; they run only when named.
+//!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
@@ -21,6 +24,7 @@ mod db;
 mod floor;
 mod flows;
 mod history;
+mod processes;
 mod sql_driver;
 mod sustained;
 
@@ -104,6 +108,8 @@ struct Args {
     sustained_seconds: u64,
     /// The retention window of the sustained-load scenario's worker, in seconds.
     sustained_retention: u64,
+    /// The processes scenario and the idle probe.
+    processes: processes::Settings,
 }
 
 impl Args {
@@ -132,6 +138,15 @@ impl Args {
             budget_ks: vec![1, 4],
             sustained_seconds: 0,
             sustained_retention: 5,
+            processes: processes::Settings {
+                counts: vec![1, 4, 16],
+                handlers: 16,
+                tasks: 2000,
+                idle: Duration::from_secs(3),
+                wake_runs: 10,
+                probe_samples: 100,
+                probe_interval: Duration::from_millis(200),
+            },
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -167,11 +182,22 @@ impl Args {
                 "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
                 "--sustained-seconds" => args.sustained_seconds = one(&flag, &value()?)?,
                 "--sustained-retention" => args.sustained_retention = one(&flag, &value()?)?,
+                "--processes" => args.processes.counts = list(&flag, &value()?)?,
+                "--processes-handlers" => args.processes.handlers = one(&flag, &value()?)?,
+                "--processes-tasks" => args.processes.tasks = one(&flag, &value()?)?,
+                "--processes-idle-seconds" => {
+                    args.processes.idle = Duration::from_secs_f64(one(&flag, &value()?)?)
+                }
+                "--processes-wake-runs" => args.processes.wake_runs = one(&flag, &value()?)?,
+                "--probe-samples" => args.processes.probe_samples = one(&flag, &value()?)?,
+                "--probe-interval-ms" => {
+                    args.processes.probe_interval = Duration::from_millis(one(&flag, &value()?)?)
+                }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,sustained,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -305,6 +331,15 @@ struct Wal {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("--worker-process") {
+        return match processes::child_main().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench worker process: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let args = match Args::parse() {
         Ok(args) => args,
         Err(message) => {
@@ -342,11 +377,12 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // The floor (not for a history-, budget- or sustained-only selection: those compare drivers by their own
     // counts).
-    let floor_kinds = if args
-        .only
-        .iter()
-        .any(|o| o == "history" || o == "budget" || o == "sustained")
-    {
+    let floor_kinds = if args.only.iter().any(|o| {
+        matches!(
+            o.as_str(),
+            "history" | "budget" | "processes" | "probe" | "sustained"
+        )
+    }) {
         Vec::new()
     } else {
         vec![
@@ -474,6 +510,14 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         };
         eprintln!("{} K={k_max}: {again:.0} msg/s; {}", row.what, row.extra);
         rows.push(row);
+    }
+
+    // Many worker processes, and the idle latency probe: only when named (`--only processes`, `--only probe`).
+    if args.only.iter().any(|o| o == "processes") {
+        rows.extend(processes::processes(&db, &args.processes).await?);
+    }
+    if args.only.iter().any(|o| o == "probe") {
+        rows.extend(processes::probe_latency(&db, &args.processes).await?);
     }
 
     // Starvation: the community-threads burst in plain and step-queued modes.

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::deployments::Deployment;
 use crate::flows::Flow;
+use crate::pooling::{run, Pooling};
 use crate::statements;
 use crate::watch::Hub;
 
@@ -126,6 +127,7 @@ pub enum WaitError {
 #[derive(Clone)]
 pub struct Client {
     pool: PgPool,
+    pooling: Pooling,
     poll_fallback: Duration,
     hub: Arc<OnceCell<Option<Hub>>>,
 }
@@ -143,6 +145,7 @@ impl Client {
     pub fn new(pool: PgPool) -> Self {
         Client {
             pool,
+            pooling: Pooling::Direct,
             poll_fallback: Duration::from_millis(500),
             hub: Arc::new(OnceCell::new()),
         }
@@ -152,6 +155,15 @@ impl Client {
     #[must_use]
     pub fn with_poll_fallback(mut self, every: Duration) -> Self {
         self.poll_fallback = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How the pool reaches PostgreSQL (default [`Pooling::Direct`]). Behind PgBouncer in transaction
+    /// mode, give [`Pooling::transaction()`] (waits poll every poll-fallback period) or
+    /// [`Pooling::transaction_with_listen`] (waits listen on that direct connection).
+    #[must_use]
+    pub fn with_pooling(mut self, pooling: Pooling) -> Self {
+        self.pooling = pooling;
         self
     }
 
@@ -166,8 +178,9 @@ impl Client {
     ///
     /// See [`start()`].
     pub async fn start<F: Flow>(&self, input: &F::Input) -> Result<RunHandle<F>, ClientError> {
-        let run_id = start::<F, _>(&self.pool, input).await?;
-        Ok(self.handle(run_id))
+        let input = start::to_input(F::SLUG, input)?;
+        let started = self.start_named(F::SLUG, &input).await?;
+        Ok(self.handle(started.run_id))
     }
 
     /// Starts one typed run per input in one statement; the handles come back in input order. Either
@@ -180,7 +193,18 @@ impl Client {
         &self,
         inputs: &[F::Input],
     ) -> Result<Vec<RunHandle<F>>, ClientError> {
-        let run_ids = start_many::<F, _>(&self.pool, inputs).await?;
+        let inputs = inputs
+            .iter()
+            .map(|input| start::to_input(F::SLUG, input))
+            .collect::<Result<Vec<_>, _>>()?;
+        let run_ids = if self.pooling.is_transaction() {
+            let mut tx = self.pool.begin().await?;
+            let ids = start::start_many_with(&mut *tx, F::SLUG, &inputs, false).await?;
+            tx.commit().await?;
+            ids
+        } else {
+            start::start_many_with(&self.pool, F::SLUG, &inputs, true).await?
+        };
         Ok(run_ids.into_iter().map(|id| self.handle(id)).collect())
     }
 
@@ -219,7 +243,9 @@ impl Client {
         &self,
         input: &<D::Flow as Flow>::Input,
     ) -> Result<RunHandle<D::Flow>, ClientError> {
-        let started = start_deployed::<D, _>(&self.pool, input).await?;
+        let name = D::ALIAS.unwrap_or(<D::Flow as Flow>::SLUG);
+        let input = start::to_input(name, input)?;
+        let started = self.start_named(name, &input).await?;
         Ok(RunHandle {
             run_id: started.run_id,
             flow_slug: started.flow_slug,
@@ -234,7 +260,19 @@ impl Client {
     ///
     /// See [`start_by_slug()`].
     pub async fn start_by_slug(&self, flow_slug: &str, input: &Value) -> Result<Uuid, ClientError> {
-        start_by_slug(&self.pool, flow_slug, input, None).await
+        Ok(self.start_named(flow_slug, input).await?.run_id)
+    }
+
+    /// `pgflow.start_flow` of a slug or an alias, safely behind a transaction pooler.
+    async fn start_named(&self, name: &str, input: &Value) -> Result<StartedRun, ClientError> {
+        if self.pooling.is_transaction() {
+            let mut tx = self.pool.begin().await?;
+            let started = start::start_named_with(&mut *tx, name, input, None, false).await?;
+            tx.commit().await?;
+            Ok(started)
+        } else {
+            start::start_named_with(&self.pool, name, input, None, true).await
+        }
     }
 
     /// A typed handle on an existing run of `F`.
@@ -253,10 +291,9 @@ impl Client {
     ///
     /// A database error, or [`ClientError::State`] when the JSON cannot be read.
     pub async fn run(&self, run_id: Uuid) -> Result<Option<RunState>, ClientError> {
-        let raw: Option<Value> = sqlx::query_scalar(statements::GET_RUN_WITH_STATES)
-            .bind(run_id)
-            .fetch_one(&self.pool)
-            .await?;
+        let query = sqlx::query_scalar(statements::GET_RUN_WITH_STATES).bind(run_id);
+        let raw: Option<Value> =
+            run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
         raw.map(|v| {
             serde_json::from_value(v).map_err(|source| ClientError::State { run_id, source })
         })
@@ -304,7 +341,15 @@ impl Client {
         let hub = self
             .hub
             .get_or_init(|| async {
-                Hub::start(&self.pool)
+                // Behind a transaction pooler, listen on the direct connection given, or not at all.
+                let pool = match self.pooling.listen_on() {
+                    None => return None,
+                    Some(None) => self.pool.clone(),
+                    Some(Some(direct)) => sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(1)
+                        .connect_lazy_with(direct.clone()),
+                };
+                Hub::start(&pool)
                     .await
                     .map_err(|e| tracing::debug!(error = %e, "cannot LISTEN; waits poll"))
                     .ok()
@@ -338,10 +383,14 @@ impl Client {
     /// `Some(output)` when completed, an error when failed or missing, `None` while running.
     async fn outcome(&self, run_id: Uuid) -> Result<Option<Value>, WaitError> {
         type Row = (RunStatus, Option<Value>, Option<String>, Option<String>);
-        let row: Option<Row> = sqlx::query_as(statements::RUN_OUTCOME)
-            .bind(run_id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let query = sqlx::query_as(statements::RUN_OUTCOME).bind(run_id);
+        let row: Option<Row> = run!(
+            self.pooling.is_transaction(),
+            &self.pool,
+            query,
+            fetch_optional
+        )
+        .await?;
         match row {
             None => Err(WaitError::NotFound { run_id }),
             Some((RunStatus::Completed, output, _, _)) => Ok(Some(output.unwrap_or(Value::Null))),

@@ -94,11 +94,33 @@ pub async fn start_many_by_slug<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
+    start_many_with(executor, flow_slug, inputs, true).await
+}
+
+/// [`start_many_by_slug`], with a named (cached) statement or an unnamed one (behind a transaction pooler).
+pub(crate) async fn start_many_with<'e, E>(
+    executor: E,
+    flow_slug: &str,
+    inputs: &[Value],
+    persistent: bool,
+) -> Result<Vec<Uuid>, ClientError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
     Ok(sqlx::query_scalar(statements::START_FLOWS)
         .bind(flow_slug)
         .bind(inputs)
+        .persistent(persistent)
         .fetch_all(executor)
         .await?)
+}
+
+/// A typed input as JSON, or [`ClientError::Input`] naming the flow.
+pub(crate) fn to_input<T: serde::Serialize>(name: &str, input: &T) -> Result<Value, ClientError> {
+    serde_json::to_value(input).map_err(|source| ClientError::Input {
+        flow_slug: name.to_owned(),
+        source,
+    })
 }
 
 /// Starts a run of deployment `D` by its alias, with a typed input, with any executor (a pool, a connection,
@@ -174,10 +196,25 @@ async fn start_named<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
+    start_named_with(executor, name, input, run_id, true).await
+}
+
+/// [`start_named`], with a named (cached) statement or an unnamed one (behind a transaction pooler).
+pub(crate) async fn start_named_with<'e, E>(
+    executor: E,
+    name: &str,
+    input: &Value,
+    run_id: Option<Uuid>,
+    persistent: bool,
+) -> Result<StartedRun, ClientError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
     let (run_id, flow_slug) = sqlx::query_as(statements::START_FLOW)
         .bind(name)
         .bind(input)
         .bind(run_id)
+        .persistent(persistent)
         .fetch_one(executor)
         .await?;
     Ok(StartedRun { run_id, flow_slug })

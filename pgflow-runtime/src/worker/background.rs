@@ -2,11 +2,12 @@
 //! signals (idle workers wake when work arrives), and maintenance (stalled and dead-worker recovery,
 //! retention).
 
+use crate::pooling::run;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::types::PgInterval;
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -22,6 +23,7 @@ use crate::statements;
 /// `stop` (claiming stops, in-flight work drains).
 pub(crate) async fn heartbeat(
     pool: PgPool,
+    pooled: bool,
     worker_id: Uuid,
     interval: Duration,
     stop: CancellationToken,
@@ -35,11 +37,13 @@ pub(crate) async fn heartbeat(
             _ = done.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let beat: Result<Option<Json<Heartbeat>>, sqlx::Error> =
-            sqlx::query_scalar(statements::HEARTBEAT)
-                .bind(worker_id)
-                .fetch_one(&pool)
-                .await;
+        let beat: Result<Option<Json<Heartbeat>>, sqlx::Error> = run!(
+            pooled,
+            &pool,
+            sqlx::query_scalar(statements::HEARTBEAT).bind(worker_id),
+            fetch_one
+        )
+        .await;
         let state = match beat {
             Ok(Some(Json(state))) => state,
             Ok(None) => {
@@ -108,11 +112,11 @@ impl OwnBackends {
 }
 
 /// Listens for signals of `queue` and fires `wake` on each (except those of `own` exchanges), until `done`. It listens on a connection of its
-/// own, opened with the pool's settings but outside it, so that it never takes a connection the worker's
+/// own, opened with `options` (the pool's, or the direct connection given behind a transaction pooler) but outside the pool, so that it never takes a connection the worker's
 /// exchanges or its handlers need. After a lost connection it listens again and fires `wake` once (a
 /// signal may have been missed); the driver's poll timer covers the gap.
 pub(crate) async fn listen(
-    pool: PgPool,
+    options: PgConnectOptions,
     queue: String,
     wake: std::sync::Arc<Notify>,
     own: OwnBackends,
@@ -120,7 +124,7 @@ pub(crate) async fn listen(
 ) {
     let pool = PgPoolOptions::new()
         .max_connections(1)
-        .connect_lazy_with(pool.connect_options().as_ref().clone());
+        .connect_lazy_with(options);
     let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let mut listener = match subscribe(&pool).await {
@@ -177,6 +181,8 @@ pub(crate) struct Maintenance {
     pub(crate) dead_after: Option<Duration>,
     pub(crate) retention: Option<Duration>,
     pub(crate) retention_batch: usize,
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
+    pub(crate) pooled: bool,
 }
 
 fn interval(d: Duration) -> PgInterval {
@@ -210,13 +216,16 @@ pub(crate) async fn maintain(pool: PgPool, m: Maintenance, done: CancellationTok
 
 /// One `pgflow.run_maintenance` call; returns whether its retention batch was full (more history is due).
 async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
-    let result: Result<Json<MaintenanceReport>, sqlx::Error> =
+    let result: Result<Json<MaintenanceReport>, sqlx::Error> = run!(
+        m.pooled,
+        pool,
         sqlx::query_scalar(statements::RUN_MAINTENANCE)
             .bind(m.dead_after.map(interval))
             .bind(m.retention.map(interval))
-            .bind(batch)
-            .fetch_one(pool)
-            .await;
+            .bind(batch),
+        fetch_one
+    )
+    .await;
     match result {
         Ok(Json(r)) => {
             if r.stalled > 0 {

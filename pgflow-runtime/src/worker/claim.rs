@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::result::{Completion, OutputColumns, TaskResult};
 use crate::decode::{text_enum, Recorded, TaskStatus};
+use crate::pooling::run;
 use crate::statements;
 
 /// One claimed task, ready to run.
@@ -210,6 +211,8 @@ pub(crate) struct Claimer {
     pub(crate) step_slugs: Vec<&'static str>,
     pub(crate) read_visibility_secs: i32,
     pub(crate) worker_id: Uuid,
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
+    pub(crate) pooled: bool,
 }
 
 impl Claimer {
@@ -222,7 +225,7 @@ impl Claimer {
         qty: usize,
     ) -> Result<Exchanged, ClaimError> {
         let c = OutputColumns::of(outputs);
-        let rows: Vec<ClaimRow> = sqlx::query_as(statements::EXCHANGE)
+        let query = sqlx::query_as(statements::EXCHANGE)
             .bind(&self.queue)
             .bind(self.worker_id)
             .bind(&self.flow_slugs)
@@ -233,9 +236,8 @@ impl Claimer {
             .bind(&c.step_slugs)
             .bind(&c.task_indexes)
             .bind(&c.outputs)
-            .bind(&c.attempts)
-            .fetch_all(conn)
-            .await?;
+            .bind(&c.attempts);
+        let rows: Vec<ClaimRow> = run!(self.pooled, &mut *conn, query, fetch_all).await?;
         Exchanged::from_rows(rows)
     }
 }

@@ -27,6 +27,8 @@ pub(crate) struct Shared {
     pub(crate) timeout_cancel_wait: Duration,
     pub(crate) results: mpsc::UnboundedSender<TaskResult>,
     pub(crate) pending: Pending,
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
+    pub(crate) pooled: bool,
 }
 
 enum Ran {
@@ -101,6 +103,7 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
         input: task.input,
         flow_input: task.flow_input,
         pool: shared.pool.clone(),
+        pooled: shared.pooled,
         cancellation: token.clone(),
     };
     let dispatched = shared

@@ -216,8 +216,12 @@ impl<K, C> WorkerBuilder<K, C> {
         completion_flushers: usize,
         /// Startup compilation policy (default [`Compilation::Verify`]).
         compilation: Compilation,
-        /// Install or upgrade the schema at startup (default `false`).
+        /// Install or upgrade the schema at startup (default `false`; refused with
+        /// [`Pooling::Transaction`](crate::pooling::Pooling::Transaction), installing needs a direct connection).
         auto_install: bool,
+        /// How the pool reaches PostgreSQL (default [`Pooling::Direct`](crate::pooling::Pooling::Direct));
+        /// [`Pooling::transaction()`](crate::pooling::Pooling::transaction) behind PgBouncer in transaction mode.
+        pooling: crate::pooling::Pooling,
     }
 
     /// The worker function (`pgflow.worker_functions.function_name`); default: the queue name.

@@ -4,6 +4,7 @@
 //! the attempt that produced it and retried through database errors, and bounded: each waiting result holds
 //! one of `max_unrecorded` permits, so claiming pauses while results pile up.
 
+use crate::pooling::run;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ pub(crate) struct Recorder {
     pub(crate) backoff_max: Duration,
     pub(crate) stats: Arc<Stats>,
     pub(crate) pending: Pending,
+    /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
+    pub(crate) pooled: bool,
 }
 
 impl Recorder {
@@ -83,14 +86,18 @@ impl Recorder {
         let c = OutputColumns::of(items);
         let completions: Vec<Completion> = self
             .with_retries("recording outputs", || {
-                sqlx::query_as(statements::COMPLETE_TASKS)
-                    .bind(&c.run_ids)
-                    .bind(&c.step_slugs)
-                    .bind(&c.task_indexes)
-                    .bind(&c.outputs)
-                    .bind(&c.attempts)
-                    .bind(self.worker_id)
-                    .fetch_all(&self.pool)
+                run!(
+                    self.pooled,
+                    &self.pool,
+                    sqlx::query_as(statements::COMPLETE_TASKS)
+                        .bind(&c.run_ids)
+                        .bind(&c.step_slugs)
+                        .bind(&c.task_indexes)
+                        .bind(&c.outputs)
+                        .bind(&c.attempts)
+                        .bind(self.worker_id),
+                    fetch_all
+                )
             })
             .await?;
         self.recorded(completions, items);
@@ -138,16 +145,20 @@ impl Recorder {
         let key = &item.key;
         let row: Result<Option<(Recorded, TaskStatus, i32)>, _> = self
             .with_retries("recording a failure", || {
-                sqlx::query_as(statements::FAIL_TASK)
-                    .bind(key.run_id)
-                    .bind(&key.step_slug)
-                    .bind(key.task_index)
-                    .bind(&message)
-                    .bind(key.attempt)
-                    .bind(self.worker_id)
-                    .bind(delay)
-                    .bind(*terminal)
-                    .fetch_optional(&self.pool)
+                run!(
+                    self.pooled,
+                    &self.pool,
+                    sqlx::query_as(statements::FAIL_TASK)
+                        .bind(key.run_id)
+                        .bind(&key.step_slug)
+                        .bind(key.task_index)
+                        .bind(&message)
+                        .bind(key.attempt)
+                        .bind(self.worker_id)
+                        .bind(delay)
+                        .bind(*terminal),
+                    fetch_optional
+                )
             })
             .await;
         let span = tracing::info_span!("pgflow.task", flow = %key.flow_slug, step = %key.step_slug,

@@ -58,6 +58,7 @@ pub(crate) struct TaskFacts {
     pub(crate) input: Value,
     pub(crate) flow_input: Option<Value>,
     pub(crate) pool: PgPool,
+    pub(crate) pooled: bool,
     pub(crate) cancellation: CancellationToken,
 }
 
@@ -80,7 +81,8 @@ fn dispatch<F: Flow>(step_slug: &str, facts: TaskFacts) -> Dispatched {
         .with_task_index(facts.task_index)
         .with_attempt(facts.attempt)
         .with_msg_id(facts.msg_id)
-        .with_cancellation(facts.cancellation);
+        .with_cancellation(facts.cancellation)
+        .behind_transaction_pooler(facts.pooled);
     let input = task_input(step, facts.input, facts.flow_input);
     Ok(F::dispatch(step, input, ctx))
 }

@@ -1,6 +1,7 @@
 //! The worker's life after startup: the background duties, the driver (claims, handlers, results and
 //! the stop, see `drive.rs`), handing back what is left, and the report.
 
+use crate::pooling::run;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -58,7 +59,7 @@ pub(crate) async fn prepare(
     );
     for flow in &registry.flows {
         if !flow.serves_whole_flow() {
-            startup::log_uncovered_routes(&pool, flow.slug).await;
+            startup::log_uncovered_routes(&pool, config.pooling.is_transaction(), flow.slug).await;
         }
     }
     Ok(Ready {
@@ -110,7 +111,7 @@ pub(crate) async fn serve(
     for handle in background {
         let _ = handle.await;
     }
-    let released = release(&pool, worker_id).await;
+    let released = release(&pool, config.pooling.is_transaction(), worker_id).await;
     finish(&pool, &claimer, prepared, fatal, &reason, &stats, released).await
 }
 
@@ -135,6 +136,7 @@ fn driver(
         backoff_max: config.poll_error_backoff_max,
         stats: Arc::clone(stats),
         pending: Arc::clone(&pending),
+        pooled: config.pooling.is_transaction(),
     });
     let shared = Arc::new(Shared {
         pool: pool.clone(),
@@ -144,6 +146,7 @@ fn driver(
         timeout_cancel_wait: config.cancel_grace.min(Duration::from_secs(1)),
         results: tx,
         pending,
+        pooled: config.pooling.is_transaction(),
     });
     let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Arc::new(Claimer {
@@ -154,6 +157,7 @@ fn driver(
             .unwrap_or(i32::MAX)
             .max(1),
         worker_id,
+        pooled: config.pooling.is_transaction(),
     });
 
     let driver = Driver {
@@ -185,11 +189,14 @@ async fn finish(
         Some(Fatal(u)) => Some(unsupported(pool, claimer, &prepared.function_name, u).await?),
         None => None,
     };
-    sqlx::query(statements::MARK_WORKER_STOPPED)
-        .bind(worker_id)
-        .execute(pool)
-        .await
-        .during("marking the worker stopped")?;
+    run!(
+        claimer.pooled,
+        pool,
+        sqlx::query(statements::MARK_WORKER_STOPPED).bind(worker_id),
+        execute
+    )
+    .await
+    .during("marking the worker stopped")?;
     if let Some(err) = unsupported {
         return Err(err);
     }
@@ -234,17 +241,22 @@ fn spawn_background(
         let (pool, stop, reason, done) =
             (pool.clone(), stop.clone(), Arc::clone(reason), done.clone());
         let interval = config.heartbeat_interval;
+        let pooled = config.pooling.is_transaction();
         handles.push(tokio::spawn(async move {
-            background::heartbeat(pool, worker_id, interval, stop, &reason, done).await;
+            background::heartbeat(pool, pooled, worker_id, interval, stop, &reason, done).await;
         }));
     }
-    handles.push(tokio::spawn(background::listen(
-        pool.clone(),
-        queue.to_owned(),
-        Arc::clone(wake),
-        own.clone(),
-        done.clone(),
-    )));
+    // Behind a transaction pooler without a direct connection nothing listens: the driver polls.
+    if let Some(direct) = config.pooling.listen_on() {
+        let options = direct.map_or_else(|| pool.connect_options().as_ref().clone(), Clone::clone);
+        handles.push(tokio::spawn(background::listen(
+            options,
+            queue.to_owned(),
+            Arc::clone(wake),
+            own.clone(),
+            done.clone(),
+        )));
+    }
     if let Some(interval) = config.maintenance_interval {
         handles.push(tokio::spawn(background::maintain(
             pool.clone(),
@@ -253,6 +265,7 @@ fn spawn_background(
                 dead_after: config.dead_worker_timeout,
                 retention: config.retention,
                 retention_batch: config.retention_batch,
+                pooled: config.pooling.is_transaction(),
             },
             done.clone(),
         )));
@@ -262,10 +275,13 @@ fn spawn_background(
 
 /// Hands back unfinished tasks (queued again at once, attempt not consumed); 0 when the database cannot
 /// be reached in time, in which case recovery requeues them once this worker's heartbeat is missed.
-async fn release(pool: &PgPool, worker_id: Uuid) -> u64 {
-    let call = sqlx::query_scalar::<_, i32>(statements::RELEASE_WORKER_TASKS)
-        .bind(worker_id)
-        .fetch_one(pool);
+async fn release(pool: &PgPool, pooled: bool, worker_id: Uuid) -> u64 {
+    let call = run!(
+        pooled,
+        pool,
+        sqlx::query_scalar::<_, i32>(statements::RELEASE_WORKER_TASKS).bind(worker_id),
+        fetch_one
+    );
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(Ok(n)) => {
             if n > 0 {
@@ -304,12 +320,16 @@ async fn unsupported(
         message_flows: u.flows,
         message_steps: u.steps,
     }));
-    sqlx::query(statements::DISABLE_WORKER_FUNCTION)
-        .bind(function_name)
-        .bind(err.to_string())
-        .execute(pool)
-        .await
-        .during("disabling the worker function")?;
+    run!(
+        claimer.pooled,
+        pool,
+        sqlx::query(statements::DISABLE_WORKER_FUNCTION)
+            .bind(function_name)
+            .bind(err.to_string()),
+        execute
+    )
+    .await
+    .during("disabling the worker function")?;
     tracing::error!(error = %err, "stopping: unsupported messages");
     Ok(err)
 }

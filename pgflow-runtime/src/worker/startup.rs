@@ -7,6 +7,7 @@
 //! (they are immutable) and durable tasks stay queued for a worker that can run them. Aliases move only when
 //! every check has passed: a fenced or refused start leaves them where they were.
 
+use crate::pooling::run;
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
@@ -33,22 +34,24 @@ pub(crate) async fn prepare(
     worker_id: Uuid,
 ) -> Result<Prepared, WorkerError> {
     check_registry(registry)?;
+    let pooled = config.pooling.is_transaction();
     check_schema(pool, config.auto_install).await?;
 
-    let (mut deployments, activations) = compile_all(pool, registry, config.compilation).await?;
+    let (mut deployments, activations) =
+        compile_all(pool, pooled, registry, config.compilation).await?;
 
     let function_name = config
         .worker_name
         .clone()
         .unwrap_or_else(|| registry.queue.clone());
-    check_fence(pool, &function_name).await?;
+    check_fence(pool, pooled, &function_name).await?;
 
     let (flow_slugs, step_slugs) = registry.pairs();
     let mut tx = pool.begin().await.during("activating aliases")?;
     for &(i, alias) in &activations {
-        deployments[i].alias = activate(&mut tx, registry.flows[i].slug, alias).await?;
+        deployments[i].alias = activate(&mut tx, pooled, registry.flows[i].slug, alias).await?;
     }
-    check_coverage(&mut tx, &registry.queue, &flow_slugs, &step_slugs).await?;
+    check_coverage(&mut tx, pooled, &registry.queue, &flow_slugs, &step_slugs).await?;
     tx.commit().await.during("activating aliases")?;
     for deployment in &deployments {
         if let AliasActivation::Activated {
@@ -63,6 +66,7 @@ pub(crate) async fn prepare(
 
     register(
         pool,
+        pooled,
         registry,
         worker_id,
         &function_name,
@@ -80,6 +84,7 @@ pub(crate) async fn prepare(
 /// aliases to activate once every check has passed (of those sharing an alias, the one served last).
 async fn compile_all(
     pool: &PgPool,
+    pooled: bool,
     registry: &Registry,
     compilation: Compilation,
 ) -> Result<(Vec<DeploymentStatus>, Vec<(usize, &'static str)>), WorkerError> {
@@ -93,8 +98,8 @@ async fn compile_all(
                 .find(|later| later.alias == Some(alias))
                 .map(|later| later.slug)
         });
-        let compile_status = compile(pool, flow, compilation).await?;
-        verify_routes(pool, flow, &registry.queue).await?;
+        let compile_status = compile(pool, pooled, flow, compilation).await?;
+        verify_routes(pool, pooled, flow, &registry.queue).await?;
         let alias = match (flow.alias, superseded_by) {
             // Compilation skipped: the version is someone else's to deploy, and so is its alias.
             (Some(_), _) if compile_status == CompileStatus::Skipped => AliasActivation::None,
@@ -122,34 +127,42 @@ async fn compile_all(
 /// Registers the worker for its (flow, step) pairs; a worker fenced meanwhile is marked stopped at once.
 async fn register(
     pool: &PgPool,
+    pooled: bool,
     registry: &Registry,
     worker_id: Uuid,
     function_name: &str,
     flow_slugs: &[&'static str],
     step_slugs: &[&'static str],
 ) -> Result<(), WorkerError> {
-    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::REGISTER_WORKER)
-        .bind(worker_id)
-        .bind(function_name)
-        .bind(&registry.queue)
-        .bind(flow_slugs)
-        .bind(step_slugs)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| {
-            routing_or_database(
-                flow_slugs.first().copied().unwrap_or_default(),
-                "registering the worker",
-                e,
-            )
-        })?;
+    let Json(state): Json<FunctionState> = run!(
+        pooled,
+        pool,
+        sqlx::query_scalar(statements::REGISTER_WORKER)
+            .bind(worker_id)
+            .bind(function_name)
+            .bind(&registry.queue)
+            .bind(flow_slugs)
+            .bind(step_slugs),
+        fetch_one
+    )
+    .await
+    .map_err(|e| {
+        routing_or_database(
+            flow_slugs.first().copied().unwrap_or_default(),
+            "registering the worker",
+            e,
+        )
+    })?;
     if !state.enabled {
         // Registered but fenced: record it as stopped at once, so monitoring does not count it.
-        sqlx::query(statements::MARK_WORKER_STOPPED)
-            .bind(worker_id)
-            .execute(pool)
-            .await
-            .during("marking the worker stopped")?;
+        run!(
+            pooled,
+            pool,
+            sqlx::query(statements::MARK_WORKER_STOPPED).bind(worker_id),
+            execute
+        )
+        .await
+        .during("marking the worker stopped")?;
         return Err(WorkerError::FunctionDisabled {
             function_name: function_name.to_owned(),
             reason: state.disabled_reason,
@@ -185,12 +198,15 @@ fn check_registry(registry: &Registry) -> Result<(), WorkerError> {
 
 /// A fenced worker function stops here, before it activates anything (`register_worker` checks again: the
 /// fence may land in between).
-async fn check_fence(pool: &PgPool, function_name: &str) -> Result<(), WorkerError> {
-    let Json(state): Json<FunctionState> = sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION)
-        .bind(function_name)
-        .fetch_one(pool)
-        .await
-        .during("checking the worker function's fence")?;
+async fn check_fence(pool: &PgPool, pooled: bool, function_name: &str) -> Result<(), WorkerError> {
+    let Json(state): Json<FunctionState> = run!(
+        pooled,
+        pool,
+        sqlx::query_scalar(statements::TRACK_WORKER_FUNCTION).bind(function_name),
+        fetch_one
+    )
+    .await
+    .during("checking the worker function's fence")?;
     if !state.enabled {
         return Err(WorkerError::FunctionDisabled {
             function_name: function_name.to_owned(),
@@ -203,12 +219,14 @@ async fn check_fence(pool: &PgPool, function_name: &str) -> Result<(), WorkerErr
 /// Points `alias` at `flow_slug` (`pgflow.activate_alias`), inside the caller's transaction.
 async fn activate(
     conn: &mut PgConnection,
+    pooled: bool,
     flow_slug: &'static str,
     alias: &'static str,
 ) -> Result<AliasActivation, WorkerError> {
     let Json(result): Json<AliasActivated> = sqlx::query_scalar(statements::ACTIVATE_ALIAS)
         .bind(alias)
         .bind(flow_slug)
+        .persistent(!pooled)
         .fetch_one(&mut *conn)
         .await
         .map_err(|e| routing_or_database(flow_slug, "activating the alias", e))?;
@@ -228,6 +246,7 @@ async fn activate(
 /// transaction that activates the aliases, so it sees them pointing at the versions this worker activates.
 async fn check_coverage(
     conn: &mut PgConnection,
+    pooled: bool,
     queue: &str,
     flow_slugs: &[&'static str],
     step_slugs: &[&'static str],
@@ -237,6 +256,7 @@ async fn check_coverage(
         .bind(queue)
         .bind(flow_slugs)
         .bind(step_slugs)
+        .persistent(!pooled)
         .fetch_all(&mut *conn)
         .await
         .during("checking the queue's coverage")?;
@@ -270,12 +290,20 @@ async fn check_coverage(
 }
 
 /// The persisted routes of the flow must send the served steps to this worker's queue.
-async fn verify_routes(pool: &PgPool, flow: &FlowEntry, queue: &str) -> Result<(), WorkerError> {
-    let rows: Vec<(String, String)> = sqlx::query_as(statements::FLOW_ROUTES)
-        .bind(flow.slug)
-        .fetch_all(pool)
-        .await
-        .during("reading the flow's routes")?;
+async fn verify_routes(
+    pool: &PgPool,
+    pooled: bool,
+    flow: &FlowEntry,
+    queue: &str,
+) -> Result<(), WorkerError> {
+    let rows: Vec<(String, String)> = run!(
+        pooled,
+        pool,
+        sqlx::query_as(statements::FLOW_ROUTES).bind(flow.slug),
+        fetch_all
+    )
+    .await
+    .during("reading the flow's routes")?;
     if rows.is_empty() {
         return Err(WorkerError::FlowMissing {
             flow_slug: flow.slug.to_owned(),
@@ -321,12 +349,13 @@ async fn verify_routes(pool: &PgPool, flow: &FlowEntry, queue: &str) -> Result<(
 
 async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerError> {
     let required = pgflow_sql::latest_version();
-    let mut conn = pool.acquire().await.during("checking the pgflow schema")?;
-    let installed = pgflow_sql::applied_versions(&mut conn)
+    // In a transaction of its own, so that it works behind a transaction pooler too.
+    let mut tx = pool.begin().await.during("checking the pgflow schema")?;
+    let installed = pgflow_sql::applied_versions(&mut tx)
         .await?
         .pop()
         .unwrap_or_default();
-    drop(conn);
+    tx.commit().await.during("checking the pgflow schema")?;
     if installed.as_str() >= required {
         if installed.as_str() > required {
             tracing::warn!(
@@ -357,6 +386,7 @@ async fn check_schema(pool: &PgPool, auto_install: bool) -> Result<(), WorkerErr
 /// Compiles or verifies one deployment (no alias: aliases move once every startup check has passed).
 async fn compile(
     pool: &PgPool,
+    pooled: bool,
     flow: &FlowEntry,
     compilation: Compilation,
 ) -> Result<CompileStatus, WorkerError> {
@@ -366,16 +396,20 @@ async fn compile(
         Compilation::AllowDataLoss => true,
     };
     let (queue_mode, routes) = flow.compile_arguments();
-    let Json(result): Json<Compiling> = sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
-        .bind(flow.slug)
-        .bind(&flow.shape)
-        .bind(allow_data_loss)
-        .bind(queue_mode)
-        .bind(routes)
-        .bind(None::<&str>)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
+    let Json(result): Json<Compiling> = run!(
+        pooled,
+        pool,
+        sqlx::query_scalar(statements::ENSURE_FLOW_COMPILED)
+            .bind(flow.slug)
+            .bind(&flow.shape)
+            .bind(allow_data_loss)
+            .bind(queue_mode)
+            .bind(routes)
+            .bind(None::<&str>),
+        fetch_one
+    )
+    .await
+    .map_err(|e| routing_or_database(flow.slug, "compiling the flow", e))?;
     let status = match result.status {
         CompileAnswer::Compiled => CompileStatus::Compiled,
         CompileAnswer::Verified => CompileStatus::Verified,
@@ -398,12 +432,14 @@ async fn compile(
 }
 
 /// Startup visibility of missing step workers: routes with queued work and no live worker.
-pub(crate) async fn log_uncovered_routes(pool: &PgPool, flow_slug: &str) {
-    let rows: Result<Vec<(String, String, i64)>, sqlx::Error> =
-        sqlx::query_as(statements::UNCOVERED_ROUTES)
-            .bind(flow_slug)
-            .fetch_all(pool)
-            .await;
+pub(crate) async fn log_uncovered_routes(pool: &PgPool, pooled: bool, flow_slug: &str) {
+    let rows: Result<Vec<(String, String, i64)>, sqlx::Error> = run!(
+        pooled,
+        pool,
+        sqlx::query_as(statements::UNCOVERED_ROUTES).bind(flow_slug),
+        fetch_all
+    )
+    .await;
     match rows {
         Ok(rows) => {
             for (step, queue, queued) in rows {

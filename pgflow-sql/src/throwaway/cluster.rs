@@ -319,7 +319,7 @@ fn find_binaries() -> Result<PathBuf, ThrowawayError> {
 }
 
 /// When running as root: the uid and gid to run PostgreSQL as (`postgres`, else `nobody`).
-fn unprivileged_user() -> Result<Option<(u32, u32)>, ThrowawayError> {
+pub(super) fn unprivileged_user() -> Result<Option<(u32, u32)>, ThrowawayError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
@@ -334,13 +334,13 @@ fn unprivileged_user() -> Result<Option<(u32, u32)>, ThrowawayError> {
     ))
 }
 
-fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
+pub(super) fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
     if let Some((uid, gid)) = run_as {
         command.uid(uid).gid(gid).env("HOME", "/tmp");
     }
 }
 
-fn free_port() -> Result<u16, ThrowawayError> {
+pub(super) fn free_port() -> Result<u16, ThrowawayError> {
     let listener =
         std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| setup_err("find a free port", e))?;
     Ok(listener

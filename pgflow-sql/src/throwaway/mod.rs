@@ -12,12 +12,16 @@
 //!   `DATABASE_URL` when it is set, otherwise a [`TempPostgres`] started on first use) and clone
 //!   databases from a template that already has PGMQ and pgflow installed, so a new database costs
 //!   milliseconds.
+//! - [`TempPgBouncer`] (in `bouncer`) puts a PgBouncer in transaction pooling mode in front of a server,
+//!   for tests of deployments behind a pooler.
 
 use std::time::Duration;
 
+mod bouncer;
 mod cluster;
 mod databases;
 
+pub use bouncer::TempPgBouncer;
 pub use cluster::{Durability, TempPostgres};
 pub use databases::{fresh_database, server, Contents, FreshDatabase, Server};
 

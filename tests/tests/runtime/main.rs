@@ -6,6 +6,7 @@ mod client;
 mod compat;
 mod failures;
 mod flows;
+mod pooler;
 mod queue_workers;
 mod reliability;
 mod retention;
