@@ -1,4 +1,3 @@
 //! Runnable pgflow-rs examples. Each binary in `src/bin` runs end to end against a real Postgres.
 
 pub mod community;
-pub mod rollout;

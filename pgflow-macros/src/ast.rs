@@ -9,7 +9,8 @@ use proc_macro2::{Span, TokenStream};
 use serde_json::Value;
 use syn::spanned::Spanned;
 use syn::{
-    FnArg, GenericArgument, Ident, Item, ItemMod, Meta, Pat, Path, PathArguments, ReturnType, Type,
+    Attribute, FnArg, GenericArgument, Ident, Item, ItemMod, Meta, Pat, Path, PathArguments,
+    ReturnType, Signature, Type,
 };
 
 use crate::attr::{parse_step_attr, FlowAttr, Mode, StepAttr};
@@ -217,26 +218,7 @@ fn read_steps(cx: &Ctxt, module: &mut ItemMod) -> Vec<Step> {
         return steps;
     };
     for item in items.iter_mut() {
-        let attrs = match item {
-            Item::Fn(f) => &mut f.attrs,
-            Item::Struct(s) => &mut s.attrs,
-            Item::Enum(e) => &mut e.attrs,
-            Item::Const(c) => &mut c.attrs,
-            Item::Static(s) => &mut s.attrs,
-            Item::Impl(i) => &mut i.attrs,
-            Item::Mod(m) => &mut m.attrs,
-            Item::Type(t) => &mut t.attrs,
-            _ => continue,
-        };
-        let mut step_attrs = Vec::new();
-        attrs.retain(|a| {
-            if a.path().is_ident("step") {
-                step_attrs.push(a.clone());
-                false
-            } else {
-                true
-            }
-        });
+        let step_attrs = take_step_attrs(item);
         if step_attrs.is_empty() {
             continue;
         }
@@ -247,163 +229,103 @@ fn read_steps(cx: &Ctxt, module: &mut ItemMod) -> Vec<Step> {
             );
             continue;
         };
-        for extra in &step_attrs[1..] {
-            cx.error(
-                extra.span(),
-                "duplicate `#[step]` attribute; put every option in one `#[step(...)]`",
-            );
-        }
-        let tokens: TokenStream = match &step_attrs[0].meta {
-            Meta::Path(_) => TokenStream::new(),
-            Meta::List(l) => l.tokens.clone(),
-            Meta::NameValue(nv) => {
-                cx.error(nv.span(), "expected `#[step]` or `#[step(...)]`");
-                TokenStream::new()
-            }
-        };
-        let attrs = parse_step_attr(cx, tokens);
-        let handler = read_handler(cx, f);
-        let slug = match attrs.slug.get() {
-            Some(l) => Slug {
-                value: l.value(),
-                span: l.span(),
-            },
-            None => Slug {
-                value: handler.fn_name(),
-                span: handler.ident.span(),
-            },
-        };
-        let variant = Ident::new(
-            &handler.fn_name().to_upper_camel_case(),
-            handler.ident.span(),
-        );
-        steps.push(Step {
-            attrs,
-            handler,
-            slug,
-            variant,
-            deps: Vec::new(),
-            map_from: None,
-            if_value: None,
-            if_not_value: None,
-            skippable: false,
-            cascaded: false,
-        });
+        steps.push(read_step(cx, f, &step_attrs));
     }
     steps
 }
 
+/// Removes the `#[step]` attributes of an item and returns them (none for an item that cannot carry any).
+fn take_step_attrs(item: &mut Item) -> Vec<Attribute> {
+    let attrs = match item {
+        Item::Fn(f) => &mut f.attrs,
+        Item::Struct(s) => &mut s.attrs,
+        Item::Enum(e) => &mut e.attrs,
+        Item::Const(c) => &mut c.attrs,
+        Item::Static(s) => &mut s.attrs,
+        Item::Impl(i) => &mut i.attrs,
+        Item::Mod(m) => &mut m.attrs,
+        Item::Type(t) => &mut t.attrs,
+        _ => return Vec::new(),
+    };
+    let mut step_attrs = Vec::new();
+    attrs.retain(|a| {
+        if a.path().is_ident("step") {
+            step_attrs.push(a.clone());
+            false
+        } else {
+            true
+        }
+    });
+    step_attrs
+}
+
+/// Reads one step: its `#[step(...)]` options (`step_attrs`, at least one) and its handler.
+fn read_step(cx: &Ctxt, f: &syn::ItemFn, step_attrs: &[Attribute]) -> Step {
+    for extra in &step_attrs[1..] {
+        cx.error(
+            extra.span(),
+            "duplicate `#[step]` attribute; put every option in one `#[step(...)]`",
+        );
+    }
+    let tokens: TokenStream = match &step_attrs[0].meta {
+        Meta::Path(_) => TokenStream::new(),
+        Meta::List(l) => l.tokens.clone(),
+        Meta::NameValue(nv) => {
+            cx.error(nv.span(), "expected `#[step]` or `#[step(...)]`");
+            TokenStream::new()
+        }
+    };
+    let attrs = parse_step_attr(cx, tokens);
+    let handler = read_handler(cx, f);
+    let slug = match attrs.slug.get() {
+        Some(l) => Slug {
+            value: l.value(),
+            span: l.span(),
+        },
+        None => Slug {
+            value: handler.fn_name(),
+            span: handler.ident.span(),
+        },
+    };
+    let variant = Ident::new(
+        &handler.fn_name().to_upper_camel_case(),
+        handler.ident.span(),
+    );
+    Step {
+        attrs,
+        handler,
+        slug,
+        variant,
+        deps: Vec::new(),
+        map_from: None,
+        if_value: None,
+        if_not_value: None,
+        skippable: false,
+        cascaded: false,
+    }
+}
+
+/// Reads a handler's signature, reporting every shape the macro cannot use.
 fn read_handler(cx: &Ctxt, f: &syn::ItemFn) -> Handler {
     let sig = &f.sig;
-    let mut sig_ok = true;
-    if sig.asyncness.is_none() {
-        cx.error(
-            sig.fn_token.span,
-            format!("step handler `{}` must be an `async fn`", sig.ident),
-        );
-        sig_ok = false;
-    }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        cx.error(
-            sig.generics.span(),
-            "step handlers cannot be generic; the flow needs concrete types",
-        );
-        sig_ok = false;
-    }
-    if let Some(v) = &sig.variadic {
-        cx.error(v.span(), "step handlers cannot be variadic");
-        sig_ok = false;
-    }
+    let mut sig_ok = check_fn_shape(cx, sig);
     let mut params = Vec::new();
     for arg in &sig.inputs {
-        match arg {
-            FnArg::Receiver(r) => {
-                cx.error(r.span(), "step handlers are free functions; remove `self`");
-                sig_ok = false;
-            }
-            FnArg::Typed(pt) => {
-                let name = match &*pt.pat {
-                    Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
-                        pi.ident.clone()
-                    }
-                    other => {
-                        cx.error(
-                            other.span(),
-                            "step handler parameters must be plain names: the name says which dependency (or input) the value comes from",
-                        );
-                        sig_ok = false;
-                        continue;
-                    }
-                };
-                let (ty, by_ref) = match &*pt.ty {
-                    Type::Reference(r) if r.mutability.is_none() => ((*r.elem).clone(), true),
-                    Type::Reference(r) => {
-                        cx.error(
-                            r.span(),
-                            "a step handler cannot take `&mut`; take the value or `&T`",
-                        );
-                        sig_ok = false;
-                        continue;
-                    }
-                    other => (other.clone(), false),
-                };
-                let is_ctx = last_segment_is(&ty, "StepContext");
-                params.push(Param {
-                    name,
-                    ty,
-                    by_ref,
-                    is_ctx,
-                });
-            }
+        match read_param(cx, arg) {
+            Some(param) => params.push(param),
+            None => sig_ok = false,
         }
     }
-    let ctx_positions: Vec<usize> = params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.is_ctx)
-        .map(|(i, _)| i)
-        .collect();
-    for (n, &i) in ctx_positions.iter().enumerate() {
-        if n > 0 {
-            cx.error(
-                params[i].ty.span(),
-                "a step handler takes at most one `StepContext`",
-            );
-            sig_ok = false;
-        } else if i + 1 != params.len() {
-            cx.error(
-                params[i].ty.span(),
-                "the `StepContext` parameter must be the last parameter",
-            );
-            sig_ok = false;
+    sig_ok &= check_ctx_position(cx, &params);
+    let (output, error) = match read_output(cx, sig) {
+        Some((output, error, output_ok)) => {
+            sig_ok &= output_ok;
+            (Some(output), error)
         }
-    }
-    let (output, error) = match &sig.output {
-        ReturnType::Default => {
-            cx.error(
-                sig.paren_token.span.close(),
-                "a step handler must return `Result<T, E>` (for example `Result<MyOutput, StepError>`); add `-> Result<(), StepError>` for no output",
-            );
+        None => {
             sig_ok = false;
             (None, None)
         }
-        ReturnType::Type(_, ty) => match result_args(ty) {
-            Some((t, e)) => {
-                if matches!(t, Type::ImplTrait(_) | Type::Infer(_)) {
-                    cx.error(t.span(), "the step output type must be spelled out: the macro reads it to type the dependents' parameters and the run output");
-                    sig_ok = false;
-                }
-                (Some(t), e)
-            }
-            None => {
-                cx.error(
-                    ty.span(),
-                    "a step handler must return `Result<T, E>` or `StepResult<T>` written out, so the macro can read the output type `T`",
-                );
-                sig_ok = false;
-                (None, None)
-            }
-        },
     };
     Handler {
         ident: sig.ident.clone(),
@@ -412,6 +334,123 @@ fn read_handler(cx: &Ctxt, f: &syn::ItemFn) -> Handler {
         error,
         sig_ok,
     }
+}
+
+/// Checks that a handler is an `async fn` that is neither generic nor variadic.
+fn check_fn_shape(cx: &Ctxt, sig: &Signature) -> bool {
+    let mut ok = true;
+    if sig.asyncness.is_none() {
+        cx.error(
+            sig.fn_token.span,
+            format!("step handler `{}` must be an `async fn`", sig.ident),
+        );
+        ok = false;
+    }
+    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+        cx.error(
+            sig.generics.span(),
+            "step handlers cannot be generic; the flow needs concrete types",
+        );
+        ok = false;
+    }
+    if let Some(v) = &sig.variadic {
+        cx.error(v.span(), "step handlers cannot be variadic");
+        ok = false;
+    }
+    ok
+}
+
+/// Reads one handler parameter: a plain name with a type taken by value or by `&`. `None` after reporting
+/// any other shape.
+fn read_param(cx: &Ctxt, arg: &FnArg) -> Option<Param> {
+    let pt = match arg {
+        FnArg::Receiver(r) => {
+            cx.error(r.span(), "step handlers are free functions; remove `self`");
+            return None;
+        }
+        FnArg::Typed(pt) => pt,
+    };
+    let name = match &*pt.pat {
+        Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => pi.ident.clone(),
+        other => {
+            cx.error(
+                other.span(),
+                "step handler parameters must be plain names: the name says which dependency (or input) the value comes from",
+            );
+            return None;
+        }
+    };
+    let (ty, by_ref) = match &*pt.ty {
+        Type::Reference(r) if r.mutability.is_none() => ((*r.elem).clone(), true),
+        Type::Reference(r) => {
+            cx.error(
+                r.span(),
+                "a step handler cannot take `&mut`; take the value or `&T`",
+            );
+            return None;
+        }
+        other => (other.clone(), false),
+    };
+    let is_ctx = last_segment_is(&ty, "StepContext");
+    Some(Param {
+        name,
+        ty,
+        by_ref,
+        is_ctx,
+    })
+}
+
+/// Checks that a handler takes at most one `StepContext`, as its last parameter.
+fn check_ctx_position(cx: &Ctxt, params: &[Param]) -> bool {
+    let mut ok = true;
+    let ctx_positions = params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.is_ctx)
+        .map(|(i, _)| i);
+    for (n, i) in ctx_positions.enumerate() {
+        if n > 0 {
+            cx.error(
+                params[i].ty.span(),
+                "a step handler takes at most one `StepContext`",
+            );
+            ok = false;
+        } else if i + 1 != params.len() {
+            cx.error(
+                params[i].ty.span(),
+                "the `StepContext` parameter must be the last parameter",
+            );
+            ok = false;
+        }
+    }
+    ok
+}
+
+/// Reads `T` and `E` of a handler's `Result<T, E>` (or `StepResult<T>`) return type, and whether `T` is
+/// spelled out. `None` after reporting a return type the macro cannot read.
+fn read_output(cx: &Ctxt, sig: &Signature) -> Option<(Type, Option<Type>, bool)> {
+    let ty = match &sig.output {
+        ReturnType::Default => {
+            cx.error(
+                sig.paren_token.span.close(),
+                "a step handler must return `Result<T, E>` (for example `Result<MyOutput, StepError>`); add `-> Result<(), StepError>` for no output",
+            );
+            return None;
+        }
+        ReturnType::Type(_, ty) => ty,
+    };
+    let Some((t, e)) = result_args(ty) else {
+        cx.error(
+            ty.span(),
+            "a step handler must return `Result<T, E>` or `StepResult<T>` written out, so the macro can read the output type `T`",
+        );
+        return None;
+    };
+    let spelled_out = !matches!(t, Type::ImplTrait(_) | Type::Infer(_));
+    if !spelled_out {
+        cx.error(t.span(), "the step output type must be spelled out: the macro reads it to type the dependents' parameters and the run output");
+    }
+    Some((t, e, spelled_out))
 }
 
 fn last_segment_is(ty: &Type, name: &str) -> bool {

@@ -48,42 +48,13 @@ pub(crate) fn parse_pattern(input: ParseStream<'_>) -> Result<Pattern> {
     })
 }
 
+/// Reads one JSON value; `top_keys` collects the keys (with spans) when the value is an object.
 fn parse_value(
     input: ParseStream<'_>,
     top_keys: Option<&mut Vec<(String, Span)>>,
 ) -> Result<Value> {
     if input.peek(token::Brace) {
-        let content;
-        braced!(content in input);
-        let mut map = Map::new();
-        let mut keys = top_keys;
-        while !content.is_empty() {
-            let (key, span) = if content.peek(LitStr) {
-                let s: LitStr = content.parse()?;
-                (s.value(), s.span())
-            } else if content.peek(Ident::peek_any) {
-                let i = content.call(Ident::parse_any)?;
-                (i.unraw().to_string(), i.span())
-            } else {
-                return Err(content.error("expected a key: an identifier or a string literal"));
-            };
-            content.parse::<Token![:]>()?;
-            let v = parse_value(&content, None)?;
-            if map.insert(key.clone(), v).is_some() {
-                return Err(syn::Error::new(
-                    span,
-                    format!("duplicate key `{key}` in pattern"),
-                ));
-            }
-            if let Some(k) = keys.as_deref_mut() {
-                k.push((key, span));
-            }
-            if content.is_empty() {
-                break;
-            }
-            content.parse::<Token![,]>()?;
-        }
-        return Ok(Value::Object(map));
+        return parse_object(input, top_keys);
     }
     if input.peek(token::Bracket) {
         let content;
@@ -98,6 +69,48 @@ fn parse_value(
         }
         return Ok(Value::Array(items));
     }
+    parse_scalar(input)
+}
+
+/// Reads `{ key: value, .. }`, refusing a duplicate key.
+fn parse_object(
+    input: ParseStream<'_>,
+    mut keys: Option<&mut Vec<(String, Span)>>,
+) -> Result<Value> {
+    let content;
+    braced!(content in input);
+    let mut map = Map::new();
+    while !content.is_empty() {
+        let (key, span) = if content.peek(LitStr) {
+            let s: LitStr = content.parse()?;
+            (s.value(), s.span())
+        } else if content.peek(Ident::peek_any) {
+            let i = content.call(Ident::parse_any)?;
+            (i.unraw().to_string(), i.span())
+        } else {
+            return Err(content.error("expected a key: an identifier or a string literal"));
+        };
+        content.parse::<Token![:]>()?;
+        let v = parse_value(&content, None)?;
+        if map.insert(key.clone(), v).is_some() {
+            return Err(syn::Error::new(
+                span,
+                format!("duplicate key `{key}` in pattern"),
+            ));
+        }
+        if let Some(k) = keys.as_deref_mut() {
+            k.push((key, span));
+        }
+        if content.is_empty() {
+            break;
+        }
+        content.parse::<Token![,]>()?;
+    }
+    Ok(Value::Object(map))
+}
+
+/// Reads `null`, `true`, `false`, a string or a number, with an optional leading `-` on a number.
+fn parse_scalar(input: ParseStream<'_>) -> Result<Value> {
     let negative = if input.peek(Token![-]) {
         input.parse::<Token![-]>()?;
         true

@@ -6,7 +6,7 @@
 use proc_macro2::Span;
 use quote::ToTokens;
 use syn::spanned::Spanned;
-use syn::{Expr, ExprMatch, FnArg, Item, Pat, Path, ReturnType, Stmt};
+use syn::{Expr, ExprMatch, FnArg, Item, Pat, Path, ReturnType, Signature, Stmt};
 
 use crate::ctxt::Ctxt;
 use crate::deployment::ast::{Deployment, Param, RouteMap};
@@ -71,6 +71,13 @@ fn alias(cx: &Ctxt, dep: &Deployment) {
 /// A plain `fn` with one parameter, a name typed as the flow's step enum, and no return type.
 fn signature(cx: &Ctxt, dep: &Deployment) -> Option<Param> {
     let sig = &dep.func.sig;
+    check_plain_fn(cx, sig);
+    step_param(cx, sig)
+}
+
+/// Reports what makes the function more than a route map: qualifiers, an ABI, generics, a variadic
+/// parameter, a return type.
+fn check_plain_fn(cx: &Ctxt, sig: &Signature) {
     let not_code = |span: Span, what: &str| {
         cx.error(
             span,
@@ -112,6 +119,10 @@ fn signature(cx: &Ctxt, dep: &Deployment) -> Option<Param> {
             "remove the return type: each `match` arm names a queue type, and the macro turns it into that queue's name",
         );
     }
+}
+
+/// The one parameter, a plain name; every other parameter is reported.
+fn step_param(cx: &Ctxt, sig: &Signature) -> Option<Param> {
     let mut inputs = sig.inputs.iter();
     let Some(first) = inputs.next() else {
         cx.error(

@@ -14,7 +14,7 @@ use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Expr, ExprMatch, Item, Stmt};
 
-use crate::deployment::ast::Deployment;
+use crate::deployment::ast::{Deployment, Param};
 
 /// Everything that replaces the `#[deployment]` function. The route function is emitted whenever
 /// the route map was readable, even when the arguments had errors, so rustc checks it in the same
@@ -43,46 +43,10 @@ pub(crate) fn expand(dep: &Deployment) -> TokenStream {
         #vis struct #ident;
     };
 
-    let deployment = dep.param.as_ref().map(|param| {
-        let ty = &param.ty;
-        // Everything that needs `ty: FlowStep` carries the span of the user's type, so a type that
-        // is not a step enum is one error, there.
-        let span = ty.span();
-        let p = respan(p.clone(), span);
-        let flow = quote_spanned!(span=> <#ty as #p::FlowStep>::Flow);
-        let alias = match &alias {
-            Some(a) => quote!(::core::option::Option::Some(#a)),
-            None => quote!(::core::option::Option::None),
-        };
-        let routing = match dep.routes.complete() {
-            Some(m) => {
-                let f = &dep.func.sig.ident;
-                let inputs = &dep.func.sig.inputs;
-                let uses = dep
-                    .func
-                    .block
-                    .stmts
-                    .iter()
-                    .filter(|s| matches!(s, Stmt::Item(Item::Use(_))));
-                let m = route_match(m, &p);
-                quote! {
-                    fn #f(#inputs) -> &'static str { #(#uses)* #m }
-                    #p::Routing::Named(#f)
-                }
-            }
-            None => quote!(::core::unreachable!(
-                "the `#[deployment]` has compile errors"
-            )),
-        };
-        quote_spanned! {span=>
-            #(#cfgs)*
-            impl #p::Deployment for #ident {
-                type Flow = #flow;
-                const ALIAS: ::core::option::Option<&'static str> = #alias;
-                fn routing() -> #p::Routing<<Self::Flow as #p::Flow>::Step> { #routing }
-            }
-        }
-    });
+    let deployment = dep
+        .param
+        .as_ref()
+        .map(|param| deployment_impl(dep, param, &p, alias.as_deref()));
 
     // Spanned at the user's path, like the route's `<Q as Queue>::NAME`: a type that is not a
     // queue is reported on the arm that names it (by both, as rustc does not merge the two).
@@ -99,6 +63,55 @@ pub(crate) fn expand(dep: &Deployment) -> TokenStream {
         #marker
         #deployment
         #(#routes_to)*
+    }
+}
+
+/// `impl Deployment` for the marker struct, with the user's route function when the route map was readable.
+fn deployment_impl(
+    dep: &Deployment,
+    param: &Param,
+    p: &TokenStream,
+    alias: Option<&str>,
+) -> TokenStream {
+    let ty = &param.ty;
+    // Everything that needs `ty: FlowStep` carries the span of the user's type, so a type that
+    // is not a step enum is one error, there.
+    let span = ty.span();
+    let p = respan(p.clone(), span);
+    let ident = &dep.ident;
+    let cfgs = dep.cfgs();
+    let flow = quote_spanned!(span=> <#ty as #p::FlowStep>::Flow);
+    let alias = match alias {
+        Some(a) => quote!(::core::option::Option::Some(#a)),
+        None => quote!(::core::option::Option::None),
+    };
+    let routing = match dep.routes.complete() {
+        Some(m) => {
+            let f = &dep.func.sig.ident;
+            let inputs = &dep.func.sig.inputs;
+            let uses = dep
+                .func
+                .block
+                .stmts
+                .iter()
+                .filter(|s| matches!(s, Stmt::Item(Item::Use(_))));
+            let m = route_match(m, &p);
+            quote! {
+                fn #f(#inputs) -> &'static str { #(#uses)* #m }
+                #p::Routing::Named(#f)
+            }
+        }
+        None => quote!(::core::unreachable!(
+            "the `#[deployment]` has compile errors"
+        )),
+    };
+    quote_spanned! {span=>
+        #(#cfgs)*
+        impl #p::Deployment for #ident {
+            type Flow = #flow;
+            const ALIAS: ::core::option::Option<&'static str> = #alias;
+            fn routing() -> #p::Routing<<Self::Flow as #p::Flow>::Step> { #routing }
+        }
     }
 }
 

@@ -190,6 +190,70 @@ async fn an_output_postgresql_cannot_store_fails_only_its_own_task_and_error_mes
     assert_eq!((report.completed, report.failed, report.stale), (5, 2, 0));
 }
 
+/// A batch of outputs the database refuses as a whole, for a reason retrying cannot fix and the worker cannot
+/// see beforehand (here a trigger refusing one output), is recorded one output at a time: only the refused
+/// output's task fails, with the database's message, and the others complete on their first attempt.
+#[tokio::test]
+async fn a_batch_of_outputs_refused_as_a_whole_is_recorded_one_by_one_and_fails_only_the_refused_task(
+) {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    support::compile::<echo::Echo>(pool).await;
+    sqlx::raw_sql(
+        "create function public.refuse_poison() returns trigger language plpgsql as $$
+         begin
+           if new.output = '\"poison\"'::jsonb then
+             raise exception 'this database refuses poison';
+           end if;
+           return new;
+         end $$;
+         create trigger refuse_poison before update on pgflow.step_tasks
+           for each row execute function public.refuse_poison();",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // Start everything first, so one claim batch (and one exchange) carries all of it.
+    let bad = client.start::<echo::Echo>(&"poison".into()).await.unwrap();
+    let mut good = Vec::new();
+    for i in 0..4 {
+        good.push(
+            client
+                .start::<echo::Echo>(&format!("fine {i}"))
+                .await
+                .unwrap(),
+        );
+    }
+    let worker = support::spawn::<echo::Echo>(pool).await;
+
+    for (i, run) in good.iter().enumerate() {
+        assert_eq!(run.wait(LIMIT).await.unwrap().echo, format!("fine {i}"));
+        assert_eq!(
+            support::task(pool, run.run_id(), "echo", 0).await,
+            ("completed".to_owned(), 1, None),
+            "good output {i}: completed on its first attempt"
+        );
+    }
+    let Err(WaitError::Failed { error_message, .. }) = bad.wait(LIMIT).await else {
+        panic!("the run with the refused output fails");
+    };
+    let message = error_message.unwrap();
+    assert!(
+        message
+            .contains("step `echo` of flow `echoFlow` returned an output PostgreSQL cannot store")
+            && message.contains("this database refuses poison"),
+        "{message}"
+    );
+    assert_eq!(
+        support::task(pool, bad.run_id(), "echo", 0).await.1,
+        1,
+        "terminal: no retry"
+    );
+    let report = worker.stop().await;
+    assert_eq!((report.completed, report.failed, report.stale), (4, 1, 0));
+}
+
 #[flow(slug = "quickFlow", input = i64)]
 mod quick {
     use super::*;

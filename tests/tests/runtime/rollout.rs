@@ -66,6 +66,55 @@ async fn retirable(pool: &PgPool, flow: &str, queue: &str) -> Value {
         .unwrap()
 }
 
+/// Whether concrete flow `flow_slug` is compiled.
+async fn compiled(pool: &PgPool, flow_slug: &str) -> bool {
+    sqlx::query_scalar("select exists (select 1 from pgflow.flows where flow_slug = $1)")
+        .bind(flow_slug)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The rollback build of `community-classify`: both versions, V1 served last, so that its startups keep (or
+/// point) the alias at V1.
+fn classify_v2_then_v1(pool: &PgPool) -> WorkerBuilder<OnQueue<ClassifyThreads>> {
+    let b = QueueWorker::<ClassifyThreads>::builder(pool.clone())
+        .serve::<CommunityV2>()
+        .serve::<CommunityV1>();
+    support::fast(b).worker_name("community-classify")
+}
+
+/// The rollback build of `community-deliver`.
+fn deliver_v2_then_v1(pool: &PgPool) -> WorkerBuilder<OnQueue<DeliverAlerts>> {
+    let b = QueueWorker::<DeliverAlerts>::builder(pool.clone())
+        .serve::<CommunityV2>()
+        .serve::<CommunityV1>();
+    support::fast(b).worker_name("community-deliver")
+}
+
+/// `pgflow.activate_alias(ALIAS, flow_slug)`, checked to have moved the alias from `from`.
+async fn activate(pool: &PgPool, flow_slug: &str, from: &str) {
+    let moved: Value = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
+        .bind(ALIAS)
+        .bind(flow_slug)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(moved["activated"], true, "{moved}");
+    assert_eq!(moved["flow_slug"], flow_slug, "{moved}");
+    assert_eq!(moved["previous_flow_slug"], from, "{moved}");
+}
+
+/// The alias move a worker's startup made for the deployment it serves last.
+fn last_activation(worker: &support::Running) -> AliasActivation {
+    worker
+        .deployments()
+        .last()
+        .expect("a deployment")
+        .alias
+        .clone()
+}
+
 /// Which workers ran the tasks of a run.
 async fn task_workers(pool: &PgPool, run: Uuid) -> Vec<Uuid> {
     sqlx::query_scalar(
@@ -152,6 +201,10 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
 
     // 3. Deploy every affected function while it stays disabled, each with both versions: the first one
     //    compiles V2; a fenced start activates nothing and claims nothing.
+    assert!(
+        !compiled(pool, V2).await,
+        "V2 is compiled before any build serves it"
+    );
     let err = classify(pool, true, true)
         .run(CancellationToken::new())
         .bounded()
@@ -165,13 +218,7 @@ async fn a_fenced_rollout_behind_one_alias_finishes_earlier_runs_on_v1_and_start
         support::alias_target(pool, ALIAS).await.as_deref(),
         Some(V1)
     );
-    let compiled: bool =
-        sqlx::query_scalar("select exists (select 1 from pgflow.flows where flow_slug = $1)")
-            .bind(V2)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    assert!(compiled, "the fenced start compiled V2");
+    assert!(compiled(pool, V2).await, "the fenced start compiled V2");
     let err = deliver(pool, true, true)
         .run(CancellationToken::new())
         .bounded()
@@ -510,4 +557,90 @@ async fn a_handle_typed_by_one_version_refuses_to_wait_for_a_run_of_another() {
     );
     assert!(err.to_string().contains("as_version"), "{err}");
     assert!(run.as_version::<ThreadsV2>().is_some());
+}
+
+#[tokio::test]
+async fn an_operators_rollback_holds_until_a_build_serving_another_version_last_starts() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let client = Client::new(pool.clone());
+    // Both versions compiled, V2 active, no worker running.
+    support::spawn_with(classify(pool, true, true))
+        .await
+        .stop()
+        .await;
+
+    // The operator rolls back: runs started by alias are V1 again, even through V2's deployment.
+    activate(pool, V1, V2).await;
+    let run = client
+        .start_deployed::<CommunityV2>(&thread("back?"))
+        .await
+        .unwrap();
+    assert_eq!(run.flow_slug(), V1);
+    let run = run.as_version::<ThreadsV1>().expect("a V1 run");
+
+    // The current V2-only build cannot run it: refused, naming V1's pairs, and the rollback stays.
+    let err = classify(pool, false, true)
+        .run(CancellationToken::new())
+        .bounded()
+        .await
+        .unwrap_err();
+    let WorkerError::CoverageGap { gaps, .. } = &err else {
+        panic!("expected a coverage gap, got {err}");
+    };
+    assert!(gaps.iter().all(|g| g.flow_slug == V1), "{err}");
+    assert_eq!(
+        support::alias_target(pool, ALIAS).await.as_deref(),
+        Some(V1)
+    );
+    let status: String = sqlx::query_scalar("select status from pgflow.runs where run_id = $1")
+        .bind(run.run_id())
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "started", "the V1 run waits for a build serving V1");
+
+    // Rollback builds (V1 served last) keep the alias at V1 and run the V1 run.
+    let c = support::spawn_with(classify_v2_then_v1(pool)).await;
+    let d = support::spawn_with(deliver_v2_then_v1(pool)).await;
+    let already_v1 = AliasActivation::AlreadyActive {
+        alias: ALIAS.into(),
+    };
+    assert_eq!(last_activation(&c), already_v1);
+    assert_eq!(
+        run.wait(LIMIT).await.unwrap().deliver_slack,
+        "v1 delivered help (classified by v1)"
+    );
+    d.stop().await;
+    c.stop().await;
+
+    // The operator rolls forward; a rollback build started again moves the alias back to V1.
+    activate(pool, V2, V1).await;
+    let c = support::spawn_with(classify_v2_then_v1(pool)).await;
+    let back_to_v1 = AliasActivation::Activated {
+        alias: ALIAS.into(),
+        previous_flow_slug: Some(V2.into()),
+    };
+    assert_eq!(last_activation(&c), back_to_v1);
+    c.stop().await;
+    // Builds serving V2 last move it to V2 for good.
+    let c = support::spawn_with(classify(pool, true, true)).await;
+    assert_eq!(
+        last_activation(&c),
+        AliasActivation::Activated {
+            alias: ALIAS.into(),
+            previous_flow_slug: Some(V1.into())
+        }
+    );
+    c.stop().await;
+
+    // With nothing of V2 in flight, the retired V1-only build passes its checks and moves the alias to V1:
+    // only keeping it where supervision cannot start it prevents that.
+    let retired = support::spawn_with(classify(pool, true, false)).await;
+    assert_eq!(last_activation(&retired), back_to_v1);
+    retired.stop().await;
+    assert_eq!(
+        support::alias_target(pool, ALIAS).await.as_deref(),
+        Some(V1)
+    );
 }
