@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::background::OwnBackends;
+use super::revoke::{self, Revocations};
 use super::background::{self, Maintenance};
 use super::claim::{Claimer, Unsupported};
 use super::drive::{Driver, Fatal};
@@ -90,6 +91,7 @@ pub(crate) async fn serve(
     let stop = shutdown.child_token();
     let reason: Arc<Mutex<Option<StopReason>>> = Arc::new(Mutex::new(None));
     let background_done = CancellationToken::new();
+    let revocations = Revocations::default();
     let background = spawn_background(
         &pool,
         worker_id,
@@ -100,10 +102,20 @@ pub(crate) async fn serve(
         &stop,
         &reason,
         &background_done,
+        &revocations,
     );
 
     let (driver, claimer, results) = driver(
-        &pool, &registry, &config, worker_id, &stats, stop, &reason, wake, own,
+        &pool,
+        &registry,
+        &config,
+        worker_id,
+        &stats,
+        stop,
+        &reason,
+        wake,
+        own,
+        revocations,
     );
     let fatal = driver.run(results).await;
     background_done.cancel();
@@ -126,6 +138,7 @@ fn driver(
     reason: &Arc<Mutex<Option<StopReason>>>,
     wake: Arc<Notify>,
     own: OwnBackends,
+    revocations: Revocations,
 ) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
     let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -144,6 +157,7 @@ fn driver(
         timeout_cancel_wait: config.cancel_grace.min(Duration::from_secs(1)),
         results: tx,
         pending,
+        revocations,
     });
     let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Arc::new(Claimer {
@@ -228,8 +242,14 @@ fn spawn_background(
     stop: &CancellationToken,
     reason: &Arc<Mutex<Option<StopReason>>>,
     done: &CancellationToken,
+    revocations: &Revocations,
 ) -> Vec<JoinHandle<()>> {
     let mut handles = Vec::new();
+    handles.push(tokio::spawn(revoke::watch(
+        pool.clone(),
+        revocations.clone(),
+        done.clone(),
+    )));
     {
         let (pool, stop, reason, done) =
             (pool.clone(), stop.clone(), Arc::clone(reason), done.clone());
