@@ -9,6 +9,7 @@ mod flows;
 mod queue_workers;
 mod reliability;
 mod retention;
+mod run_control;
 mod rollout;
 mod shutdown;
 mod steps;

@@ -24,6 +24,7 @@ mod queue_names;
 mod queue_ownership;
 mod recovery;
 mod retries;
+mod run_control;
 mod review_defects;
 mod review_defects_b;
 mod start_many;
