@@ -438,8 +438,10 @@ begin
          case when c.copied and o.status = 'completed' then 0 end,
          case when c.copied then o.initial_tasks
               when s.step_type = 'single' then 1
-              when s.deps_count = 0 then jsonb_array_length(v_orig.input)
-              else (select case when ds.status = 'skipped' then 0 else jsonb_array_length(ds.output) end
+              when s.deps_count = 0 and jsonb_typeof(v_orig.input) = 'array' then jsonb_array_length(v_orig.input)
+              when s.deps_count = 0 then 0
+              else (select case when ds.status = 'skipped' or jsonb_typeof(ds.output) <> 'array' then 0
+                                else jsonb_array_length(ds.output) end
                     from pgflow.deps d
                     join pgflow.step_states ds on ds.run_id = v_orig.run_id and ds.step_slug = d.dep_slug
                     where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug and d.dep_slug <> all (v_rerun)
@@ -604,3 +606,6 @@ as $$
   where r.status is distinct from 'started' or t.status is distinct from 'started'
      or t.attempts_count is distinct from i.attempt
 $$;
+
+-- Nothing here is PUBLIC's: the roles that call these get them through the lists of 12_privileges.sql.
+revoke execute on all functions in schema pgflow from public;
