@@ -93,7 +93,8 @@ pub(crate) const CANCEL_RUN: &str =
     "select status, changed, cancel_reason, cancelled_at from pgflow.cancel_run(run_id => $1, reason => $2)";
 
 /// Cancels one batch of started runs by filter.
-pub(crate) const CANCEL_RUNS: &str = "select pgflow.cancel_runs(flow_slug => $1, status => 'started', \
+pub(crate) const CANCEL_RUNS: &str =
+    "select pgflow.cancel_runs(flow_slug => $1, status => 'started', \
      started_before => $2, input_path => $3, input_value => $4, reason => $5, max_runs => $6)";
 
 /// Retries a failed or cancelled run in place.

@@ -269,7 +269,12 @@ impl Client {
         run_id: Uuid,
         reason: Option<&str>,
     ) -> Result<CancelOutcome, ClientError> {
-        type Row = (RunStatus, bool, Option<String>, Option<chrono::DateTime<chrono::Utc>>);
+        type Row = (
+            RunStatus,
+            bool,
+            Option<String>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        );
         let (status, changed, reason, cancelled_at): Row = sqlx::query_as(statements::CANCEL_RUN)
             .bind(run_id)
             .bind(reason)

@@ -122,9 +122,10 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
             });
         }
     };
-    let tracked = shared
-        .revocations
-        .track(task.run_id, &task.step_slug, task.task_index, task.attempt);
+    let tracked =
+        shared
+            .revocations
+            .track(task.run_id, &task.step_slug, task.task_index, task.attempt);
     let handler = AssertUnwindSafe(handler).catch_unwind();
     tokio::pin!(handler);
     let ran = tokio::select! {

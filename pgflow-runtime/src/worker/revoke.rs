@@ -43,7 +43,13 @@ impl Drop for Tracked {
 
 impl Revocations {
     /// Tracks a task until the returned guard is dropped.
-    pub(crate) fn track(&self, run_id: Uuid, step_slug: &str, task_index: i32, attempt: i32) -> Tracked {
+    pub(crate) fn track(
+        &self,
+        run_id: Uuid,
+        step_slug: &str,
+        task_index: i32,
+        attempt: i32,
+    ) -> Tracked {
         let key = (run_id, step_slug.to_owned(), task_index);
         let revoked = CancellationToken::new();
         self.0

@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::background::OwnBackends;
-use super::revoke::{self, Revocations};
 use super::background::{self, Maintenance};
 use super::claim::{Claimer, Unsupported};
 use super::drive::{Driver, Fatal};
@@ -21,6 +20,7 @@ use super::execute::Shared;
 use super::record::{Pending, Recorder, Stats};
 use super::registry::Registry;
 use super::result::TaskResult;
+use super::revoke::{self, Revocations};
 use super::startup::{self, Prepared};
 use super::{StopReason, WorkerReport};
 use crate::config::WorkerConfig;

@@ -68,7 +68,10 @@ async fn cancelling_a_run_fires_the_running_handlers_cancellation_and_drops_its_
     // Measured, not asserted: reported by the test output (about half a second: the worker checks twice a second).
     println!("cancel_run to ctx.cancellation(): {took:?}");
 
-    let err = run.wait(LIMIT).await.expect_err("a cancelled run has no output");
+    let err = run
+        .wait(LIMIT)
+        .await
+        .expect_err("a cancelled run has no output");
     let WaitError::Cancelled { reason, .. } = &err else {
         panic!("expected a cancelled run, got {err:?}");
     };
@@ -143,7 +146,11 @@ async fn retrying_a_run_that_failed_at_the_third_step_runs_no_earlier_handler_ag
     run.retry().await.unwrap();
     let out = run.wait(LIMIT).await.unwrap();
     assert_eq!(out.four, 4);
-    assert_eq!(four_calls(), [1, 1, 2, 1], "steps one and two ran no handler again");
+    assert_eq!(
+        four_calls(),
+        [1, 1, 2, 1],
+        "steps one and two ran no handler again"
+    );
 
     // Replay from a middle step: a new run runs `three` and `four` only.
     let replay = run.replay("three").await.unwrap();
@@ -156,25 +163,33 @@ async fn retrying_a_run_that_failed_at_the_third_step_runs_no_earlier_handler_ag
 }
 
 static MAP_CALLS: AtomicUsize = AtomicUsize::new(0);
-static MAP_DONE: AtomicUsize = AtomicUsize::new(0);
 static MAP_BROKEN: AtomicBool = AtomicBool::new(true);
 
 #[flow(slug = "fiftyFlow", input = Vec<i64>, max_attempts = 1)]
 mod fifty {
     use super::*;
 
-    /// Items 7, 23 and 41 fail while broken, once the other 47 have completed.
+    /// Items 7, 23 and 41 fail while broken, once the other 47 are recorded as completed.
     #[step(map)]
-    async fn item(n: i64) -> Result<i64, StepError> {
+    async fn item(n: i64, ctx: &StepContext<Fifty>) -> Result<i64, StepError> {
         MAP_CALLS.fetch_add(1, Ordering::SeqCst);
         if MAP_BROKEN.load(Ordering::SeqCst) && [7, 23, 41].contains(&n) {
             let waited = Instant::now();
-            while MAP_DONE.load(Ordering::SeqCst) < 47 && waited.elapsed() < Duration::from_secs(20) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            while waited.elapsed() < Duration::from_secs(20) {
+                let done: i64 = sqlx::query_scalar(
+                    "select count(*) from pgflow.step_tasks where run_id = $1 and status = 'completed'",
+                )
+                .bind(ctx.run_id())
+                .fetch_one(ctx.pool())
+                .await
+                .map_err(StepError::retryable)?;
+                if done >= 47 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
             return Err(StepError::msg(format!("item {n} failed")));
         }
-        MAP_DONE.fetch_add(1, Ordering::SeqCst);
         Ok(n * 2)
     }
 }
@@ -185,7 +200,10 @@ async fn retrying_a_map_of_fifty_with_three_failures_calls_exactly_three_handler
     let pool = db.pool();
     let worker = support::spawn::<fifty::Fifty>(pool).await;
     let client = Client::new(pool.clone());
-    let run = client.start::<fifty::Fifty>(&(0..50).collect()).await.unwrap();
+    let run = client
+        .start::<fifty::Fifty>(&(0..50).collect())
+        .await
+        .unwrap();
     let err = run.wait(LIMIT).await.expect_err("three items fail");
     assert!(matches!(err, WaitError::Failed { .. }), "{err:?}");
     assert_eq!(MAP_CALLS.load(Ordering::SeqCst), 50);
@@ -201,7 +219,11 @@ async fn retrying_a_map_of_fifty_with_three_failures_calls_exactly_three_handler
     MAP_BROKEN.store(false, Ordering::SeqCst);
     run.retry().await.unwrap();
     let out = run.wait(LIMIT).await.unwrap();
-    assert_eq!(MAP_CALLS.load(Ordering::SeqCst), 53, "exactly the three failed items ran again");
+    assert_eq!(
+        MAP_CALLS.load(Ordering::SeqCst),
+        53,
+        "exactly the three failed items ran again"
+    );
     assert_eq!(out.item, (0..50).map(|n| n * 2).collect::<Vec<i64>>());
     worker.stop().await;
 }
@@ -277,8 +299,14 @@ async fn bad_run_control_requests_get_clear_errors_and_change_nothing() {
     support::compile::<keyed::Keyed>(pool).await;
     let client = Client::new(pool.clone());
     let unknown = uuid::Uuid::new_v4();
-    assert_eq!(code(&client.cancel(unknown, None).await.unwrap_err()), SqlState::RunNotFound);
-    assert_eq!(code(&client.retry(unknown).await.unwrap_err()), SqlState::RunNotFound);
+    assert_eq!(
+        code(&client.cancel(unknown, None).await.unwrap_err()),
+        SqlState::RunNotFound
+    );
+    assert_eq!(
+        code(&client.retry(unknown).await.unwrap_err()),
+        SqlState::RunNotFound
+    );
 
     // No worker: the run stays started.
     let run = client.start::<keyed::Keyed>(&1).await.unwrap();

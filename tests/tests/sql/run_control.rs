@@ -116,7 +116,11 @@ async fn cancel_run_cancels_tasks_archives_messages_and_fences_late_results() {
     );
     assert_eq!(run_status(pool, run).await, "cancelled");
     assert_eq!(task_statuses(pool, run, "a").await, vec!["cancelled"]);
-    assert_eq!(live_messages(pool, "cx").await, 0, "no message of the run is left");
+    assert_eq!(
+        live_messages(pool, "cx").await,
+        0,
+        "no message of the run is left"
+    );
     // The running task's late result is stale and changes nothing; later steps never start.
     assert_eq!(complete_at(pool, run, "a", 0, 1).await, "stale");
     assert_eq!(step_status(pool, run, "b").await, "created");
@@ -146,7 +150,10 @@ async fn cancelling_a_finished_or_unknown_run() {
     claim(pool, "cf", "cf", 1).await;
     assert_eq!(complete(pool, run, "a", 0, json!(1)).await, "completed");
     assert_eq!(run_status(pool, run).await, "completed");
-    assert_eq!(cancel(pool, run, "late").await, ("completed".into(), false, None));
+    assert_eq!(
+        cancel(pool, run, "late").await,
+        ("completed".into(), false, None)
+    );
 
     let err = db_error(
         sqlx::query("select * from pgflow.cancel_run($1, 'x')")
@@ -180,7 +187,11 @@ async fn cancel_runs_by_input_path_in_bounded_batches() {
     assert_eq!(batch(2).await.unwrap(), 1);
     assert_eq!(batch(2).await.unwrap(), 0);
     assert_eq!(run_status(pool, other).await, "started");
-    assert_eq!(live_messages(pool, "cb").await, 1, "only the other tenant's message is left");
+    assert_eq!(
+        live_messages(pool, "cb").await,
+        1,
+        "only the other tenant's message is left"
+    );
     let err = db_error(
         sqlx::query("select pgflow.cancel_runs(status => 'completed')")
             .execute(pool)
@@ -283,12 +294,14 @@ async fn cancel_against_claim_the_cancel_waits_for_the_claim_then_cancels_the_cl
 
     let mut claimer = connect(&db).await;
     sqlx::query("begin").execute(&mut claimer).await.unwrap();
-    sqlx::query("select * from pgflow.start_tasks(flow_slug => 'cl', msg_ids => $1, worker_id => $2)")
-        .bind(&ids)
-        .bind(WORKER)
-        .execute(&mut claimer)
-        .await
-        .unwrap();
+    sqlx::query(
+        "select * from pgflow.start_tasks(flow_slug => 'cl', msg_ids => $1, worker_id => $2)",
+    )
+    .bind(&ids)
+    .bind(WORKER)
+    .execute(&mut claimer)
+    .await
+    .unwrap();
     let cancelling = {
         let pool = pool.clone();
         tokio::spawn(async move {
@@ -325,11 +338,12 @@ async fn retry_runs_failed_steps_again_and_keeps_completed_ones() {
     fail_final(pool, run, "b", 0, 1, "boom in b").await;
     assert_eq!(run_status(pool, run).await, "failed");
 
-    let status: String = sqlx::query_scalar("select status from pgflow.retry_run($1, 'ops@example')")
-        .bind(run)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let status: String =
+        sqlx::query_scalar("select status from pgflow.retry_run($1, 'ops@example')")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(status, "started");
     assert_eq!(step_status(pool, run, "a").await, "completed");
     assert_eq!(step_status(pool, run, "b").await, "started");
@@ -338,9 +352,16 @@ async fn retry_runs_failed_steps_again_and_keeps_completed_ones() {
     let again = claim(pool, "rt", "rt", 10).await;
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].step_slug, "b");
-    assert_eq!(again[0].input, Some(json!({"a": {"done": "a", "index": 0}})));
+    assert_eq!(
+        again[0].input,
+        Some(json!({"a": {"done": "a", "index": 0}}))
+    );
     assert_eq!(task_state(pool, run, "b", 0).await, ("started".into(), 2));
-    assert_eq!(complete_at(pool, run, "b", 0, 1).await, "stale", "a result of the first try");
+    assert_eq!(
+        complete_at(pool, run, "b", 0, 1).await,
+        "stale",
+        "a result of the first try"
+    );
     assert_eq!(complete_at(pool, run, "b", 0, 2).await, "applied");
     claim(pool, "rt", "rt", 1).await;
     assert_eq!(complete_at(pool, run, "c", 0, 1).await, "applied");
@@ -380,11 +401,19 @@ async fn retry_of_a_map_reruns_only_the_unfinished_tasks() {
         vec!["completed", "failed", "completed", "cancelled", "completed"]
     );
 
-    sqlx::query("select pgflow.retry_run($1)").bind(run).execute(pool).await.unwrap();
+    sqlx::query("select pgflow.retry_run($1)")
+        .bind(run)
+        .execute(pool)
+        .await
+        .unwrap();
     let again = claim(pool, "rm", "rm", 10).await;
     let mut indexes: Vec<i32> = again.iter().map(|t| t.task_index).collect();
     indexes.sort_unstable();
-    assert_eq!(indexes, vec![1, 3], "exactly the failed and the cancelled task run again");
+    assert_eq!(
+        indexes,
+        vec![1, 3],
+        "exactly the failed and the cancelled task run again"
+    );
     for i in [1, 3] {
         assert_eq!(complete_at(pool, run, "m", i, 2).await, "applied");
     }
@@ -458,7 +487,10 @@ async fn retry_is_refused_for_started_completed_unknown_runs_and_gone_versions()
     assert_eq!(retry(Uuid::new_v4()).await.code, SqlState::RunNotFound);
 
     cancel(pool, run, "stop").await;
-    sqlx::query("select pgmq.drop_queue('rr')").execute(pool).await.unwrap();
+    sqlx::query("select pgmq.drop_queue('rr')")
+        .execute(pool)
+        .await
+        .unwrap();
     let err = retry(run).await;
     assert_eq!(err.code, SqlState::FlowVersionGone, "{err:?}");
     assert_eq!(run_status(pool, run).await, "cancelled", "nothing changed");
@@ -482,17 +514,21 @@ async fn replay_from_a_middle_step_copies_the_steps_before_it() {
         .await
         .unwrap();
     assert_ne!(replay, run);
-    let replay_of: Option<Uuid> = sqlx::query_scalar("select replay_of from pgflow.runs where run_id = $1")
-        .bind(replay)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let replay_of: Option<Uuid> =
+        sqlx::query_scalar("select replay_of from pgflow.runs where run_id = $1")
+            .bind(replay)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(replay_of, Some(run));
     assert_eq!(step_status(pool, replay, "a").await, "completed");
     let tasks = claim(pool, "rp", "rp", 10).await;
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].step_slug, "b");
-    assert_eq!(tasks[0].input, Some(json!({"a": {"done": "a", "index": 0}})));
+    assert_eq!(
+        tasks[0].input,
+        Some(json!({"a": {"done": "a", "index": 0}}))
+    );
     assert_eq!(complete_at(pool, replay, "b", 0, 1).await, "applied");
     claim(pool, "rp", "rp", 1).await;
     assert_eq!(complete_at(pool, replay, "c", 0, 1).await, "applied");
@@ -520,7 +556,10 @@ async fn replay_refusals_change_nothing() {
     let err = replay("nope").await;
     assert_eq!(err.code, SqlState::UnknownReplayStep, "{err:?}");
     assert!(err.message.contains("\"nope\""), "{err:?}");
-    assert!(err.hint.as_deref().unwrap_or("").contains("a, b, c"), "{err:?}");
+    assert!(
+        err.hint.as_deref().unwrap_or("").contains("a, b, c"),
+        "{err:?}"
+    );
     let err = replay("elsewhere").await;
     assert_eq!(err.code, SqlState::UnknownReplayStep, "{err:?}");
     assert!(err.message.contains("it is a step of ro"), "{err:?}");
@@ -538,7 +577,12 @@ async fn replay_refusals_change_nothing() {
     assert_eq!(runs_count(pool).await, before);
 }
 
-async fn start_keyed(pool: &PgPool, flow: &str, input: Value, key: &str) -> Result<Uuid, sqlx::Error> {
+async fn start_keyed(
+    pool: &PgPool,
+    flow: &str,
+    input: Value,
+    key: &str,
+) -> Result<Uuid, sqlx::Error> {
     sqlx::query_scalar(
         "select run_id from pgflow.start_flows_with_keys($1, array[$2::jsonb], array[$3::text])",
     )
@@ -554,12 +598,20 @@ async fn idempotency_keys_return_the_existing_run_and_refuse_another_input() {
     let db = test_db().await;
     let pool = db.pool();
     compile(pool, "ik", &roots(&["a"]), "flow").await;
-    let first = start_keyed(pool, "ik", json!({"order": 7}), "order-7").await.unwrap();
-    let again = start_keyed(pool, "ik", json!({"order": 7}), "order-7").await.unwrap();
+    let first = start_keyed(pool, "ik", json!({"order": 7}), "order-7")
+        .await
+        .unwrap();
+    let again = start_keyed(pool, "ik", json!({"order": 7}), "order-7")
+        .await
+        .unwrap();
     assert_eq!(first, again);
     assert_eq!(runs_count(pool).await, 1);
 
-    let err = db_error(start_keyed(pool, "ik", json!({"order": 8}), "order-7").await.unwrap_err());
+    let err = db_error(
+        start_keyed(pool, "ik", json!({"order": 8}), "order-7")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, SqlState::IdempotencyKeyConflict, "{err:?}");
     assert!(err.message.contains("\"order-7\""), "{err:?}");
     assert_eq!(runs_count(pool).await, 1);
@@ -569,7 +621,9 @@ async fn idempotency_keys_return_the_existing_run_and_refuse_another_input() {
         .execute(pool)
         .await
         .unwrap();
-    let later = start_keyed(pool, "ik", json!({"order": 7}), "order-7").await.unwrap();
+    let later = start_keyed(pool, "ik", json!({"order": 7}), "order-7")
+        .await
+        .unwrap();
     assert_ne!(later, first);
     sqlx::query("update pgflow.idempotency_keys set created_at = now() - interval '2 days', expires_at = now() - interval '1 day'")
         .execute(pool)
@@ -593,7 +647,11 @@ async fn twenty_concurrent_keyed_starts_give_one_run() {
     compile(pool, "kc", &roots(&["a"]), "flow").await;
     let starts = (0..20).map(|_| {
         let pool = pool.clone();
-        tokio::spawn(async move { start_keyed(&pool, "kc", json!({"x": 1}), "same").await.unwrap() })
+        tokio::spawn(async move {
+            start_keyed(&pool, "kc", json!({"x": 1}), "same")
+                .await
+                .unwrap()
+        })
     });
     let ids: Vec<Uuid> = futures::future::join_all(starts)
         .await
