@@ -20,6 +20,9 @@ pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// A task in flight: run, step, task index.
 type Key = (Uuid, String, i32);
 
+/// A row of `pgflow.cancelled_tasks`: run, step, task index, attempt, run status, reason.
+type Stale = (Uuid, String, i32, i32, Option<String>, Option<String>);
+
 /// The tasks in flight, each with its attempt and the token fired when it is no longer current.
 #[derive(Clone, Default)]
 pub(crate) struct Revocations(Arc<Mutex<HashMap<Key, (i32, CancellationToken)>>>);
@@ -78,14 +81,13 @@ impl Revocations {
         if runs.is_empty() {
             return Ok(0);
         }
-        let rows: Vec<(Uuid, String, i32, i32, Option<String>, Option<String>)> =
-            sqlx::query_as(statements::CANCELLED_TASKS)
-                .bind(&runs)
-                .bind(&steps)
-                .bind(&indexes)
-                .bind(&attempts)
-                .fetch_all(pool)
-                .await?;
+        let rows: Vec<Stale> = sqlx::query_as(statements::CANCELLED_TASKS)
+            .bind(&runs)
+            .bind(&steps)
+            .bind(&indexes)
+            .bind(&attempts)
+            .fetch_all(pool)
+            .await?;
         let map = self.0.lock().expect("revocations lock");
         let mut fired = 0;
         for (run_id, step, index, attempt, run_status, reason) in rows {
