@@ -61,6 +61,10 @@ pub(crate) const FAIL_TASK: &str = "select outcome, status, attempts_count from 
      run_id => $1, step_slug => $2, task_index => $3, error_message => $4, attempt => $5, \
      worker_id => $6, retry_delay_seconds => $7, terminal => $8)";
 
+/// The tasks in flight that are no longer current (their run cancelled or failed, or the task ended).
+pub(crate) const CANCELLED_TASKS: &str = "select run_id, step_slug, task_index, attempt, run_status, reason \
+     from pgflow.cancelled_tasks(run_ids => $1, step_slugs => $2, task_indexes => $3, attempts => $4)";
+
 /// Hands back what a stopping worker could not finish.
 pub(crate) const RELEASE_WORKER_TASKS: &str = "select pgflow.release_worker_tasks(worker_id => $1)";
 
@@ -79,11 +83,32 @@ pub(crate) const START_FLOW: &str =
 pub(crate) const START_FLOWS: &str =
     "select run_id from pgflow.start_flows(flow_slug => $1, inputs => $2)";
 
+/// Starts runs with an idempotency key per input (NULL: none), in input order.
+pub(crate) const START_FLOWS_WITH_KEYS: &str = "select run_id from pgflow.start_flows_with_keys(\
+     flow_slug => $1, inputs => $2, idempotency_keys => $3, \
+     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end)";
+
+/// Cancels a run.
+pub(crate) const CANCEL_RUN: &str =
+    "select status, changed, cancel_reason, cancelled_at from pgflow.cancel_run(run_id => $1, reason => $2)";
+
+/// Cancels one batch of started runs by filter.
+pub(crate) const CANCEL_RUNS: &str =
+    "select pgflow.cancel_runs(flow_slug => $1, status => 'started', \
+     started_before => $2, input_path => $3, input_value => $4, reason => $5, max_runs => $6)";
+
+/// Retries a failed or cancelled run in place.
+pub(crate) const RETRY_RUN: &str = "select status from pgflow.retry_run(run_id => $1)";
+
+/// Replays a run from a step; returns the new run's id.
+pub(crate) const REPLAY_RUN: &str = "select pgflow.replay_run(run_id => $1, from_step => $2)";
+
 /// A run with its step states.
 pub(crate) const GET_RUN_WITH_STATES: &str = "select pgflow.get_run_with_states(run_id => $1)";
 
 /// The run's status and output, and the first failed step with its error (for waiting).
-pub(crate) const RUN_OUTCOME: &str = "select r.status, r.output, f.step_slug, f.error_message \
+pub(crate) const RUN_OUTCOME: &str = "select r.status, r.output, f.step_slug, \
+     case when r.status = 'cancelled' then r.cancel_reason else f.error_message end \
      from pgflow.runs r \
      left join lateral (select ss.step_slug, ss.error_message from pgflow.step_states ss \
        where ss.run_id = r.run_id and ss.status = 'failed' order by ss.failed_at limit 1) f on true \

@@ -7,7 +7,9 @@
 --   * step_tasks.queue_name  immutable snapshot of that queue, taken when the task is created;
 --   * task statuses `skipped` and `cancelled`;
 --   * unique (queue_name, message_id) on step_tasks, and a case-insensitive unique flow slug;
---   * flow_aliases, shared_queues and worker_routes (deployments), queue_signals and run_watchers.
+--   * flow_aliases, shared_queues and worker_routes (deployments), queue_signals and run_watchers;
+--   * run control (13_run_control.sql): run status `cancelled` with its reason and time, replay_of and
+--     retry_count on runs, attempts_base on step_tasks, run_retries and idempotency_keys.
 --
 -- The bookkeeping table pgflow.schema_migrations is created by the installer before anything here.
 
@@ -166,16 +168,27 @@ create table pgflow.runs (
   started_at timestamptz not null default now(),
   completed_at timestamptz,
   failed_at timestamptz,
-  constraint status_is_valid check (status in ('started', 'failed', 'completed')),
+  -- Run control: a cancelled run's time and reason; the run a replay copied its outputs from; how many times
+  -- retry_run sent the run back to `started` (each try is a row of run_retries).
+  cancelled_at timestamptz,
+  cancel_reason text,
+  replay_of uuid,
+  retry_count int not null default 0,
+  constraint status_is_valid check (status in ('started', 'failed', 'completed', 'cancelled')),
   constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
   constraint completed_at_is_after_started_at check (completed_at is null or completed_at >= started_at),
-  constraint failed_at_is_after_started_at check (failed_at is null or failed_at >= started_at)
+  constraint failed_at_is_after_started_at check (failed_at is null or failed_at >= started_at),
+  constraint cancelled_at_matches_status check ((status = 'cancelled') = (cancelled_at is not null)),
+  constraint retry_count_nonnegative check (retry_count >= 0)
 ) with (fillfactor = 85);
 
 create index idx_runs_flow_slug on pgflow.runs (flow_slug);
 create index idx_runs_status on pgflow.runs (status);
 -- Retention finds the oldest finished runs without reading the started ones or the whole history.
-create index idx_runs_finished_at on pgflow.runs ((coalesce(completed_at, failed_at))) where status <> 'started';
+create index idx_runs_finished_at on pgflow.runs ((coalesce(completed_at, failed_at, cancelled_at)))
+  where status <> 'started';
+-- The replays of a run.
+create index idx_runs_replay_of on pgflow.runs (replay_of) where replay_of is not null;
 
 create table pgflow.step_states (
   flow_slug text not null references pgflow.flows (flow_slug),
@@ -245,6 +258,9 @@ create table pgflow.step_tasks (
   -- A map task's array element, copied once when the step starts (NULL for single steps), so that claiming
   -- an element never reads the whole array again: a claim costs the same for 10 elements or 20,000.
   element jsonb,
+  -- The attempts used before the task's last retry_run: the attempt budget (max_attempts) counts from here,
+  -- while attempts_count keeps growing so that a result of an earlier try stays stale.
+  attempts_base int not null default 0,
   primary key (run_id, step_slug, task_index),
   foreign key (run_id, step_slug) references pgflow.step_states (run_id, step_slug),
   constraint valid_status check (
@@ -269,6 +285,41 @@ create unique index step_tasks_queue_name_message_id_key on pgflow.step_tasks (q
 -- the update can stay on its page (HOT) without touching any index. Stalled-task recovery finds started
 -- tasks through started step states (idx_step_states_started) instead.
 create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id);
+
+------------------------------------------------------------------------------------------------------------
+-- Run control
+------------------------------------------------------------------------------------------------------------
+
+-- One row per retry_run: who sent the run back to `started`, when, and what the earlier try left (its status,
+-- cancel reason and the errors of its failed tasks).
+create table pgflow.run_retries (
+  run_id uuid not null references pgflow.runs (run_id) on delete cascade,
+  retry_number int not null check (retry_number > 0),
+  retried_at timestamptz not null default now(),
+  retried_by text not null,
+  previous_status text not null,
+  previous_failed_at timestamptz,
+  previous_cancelled_at timestamptz,
+  previous_cancel_reason text,
+  -- [{"step_slug", "task_index", "attempts", "error_message"}] of the tasks that failed, in step and task order.
+  errors jsonb not null default '[]',
+  primary key (run_id, retry_number)
+);
+
+-- Idempotency keys of starts: the run that a (flow or alias as given, key) started, until expires_at.
+create table pgflow.idempotency_keys (
+  flow_name text not null,
+  idempotency_key text not null,
+  run_id uuid not null references pgflow.runs (run_id) on delete cascade deferrable initially deferred,
+  input jsonb not null,
+  created_at timestamptz not null default now(),
+  expires_at timestamptz not null,
+  primary key (flow_name, idempotency_key),
+  constraint flow_name_is_lowercase check (flow_name = lower(flow_name)),
+  constraint expires_after_created check (expires_at > created_at)
+);
+create index idx_idempotency_keys_run_id on pgflow.idempotency_keys (run_id);
+create index idx_idempotency_keys_expires_at on pgflow.idempotency_keys (expires_at);
 
 ------------------------------------------------------------------------------------------------------------
 -- Signals and watchers

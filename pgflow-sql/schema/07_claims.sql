@@ -49,6 +49,14 @@
 --   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
 --                                          states, watcher rows, runs; archived messages; worker rows skip
 --   worker_heartbeat                       its worker row
+--   cancel_run, cancel_runs (_cancel_run)  runs (cancel_runs: a batch in run-id order, skip); then per run its
+--                                          live tasks' messages, then the tasks (_terminate_tasks)
+--   retry_run                              run; its tasks to run again FOR UPDATE in message order (their
+--                                          messages are archived), new messages sent; step states; run counters
+--   replay_run                             the original's run (no key update); the new run's rows are its own
+--   start_flows_with_keys                  idempotency_keys rows in key order (a concurrent start with the same
+--                                          key waits for the first to commit), then as start_flows
+--   cancelled_tasks                        none (read only)
 --
 -- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
 -- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.

@@ -195,9 +195,11 @@ begin
   if not found then
     return;
   end if;
-  select coalesce(s.opt_max_attempts, f.opt_max_attempts) into v_max_attempts
+  -- The attempt budget counts from the task's attempts_base (the attempts used before its last retry_run).
+  select coalesce(s.opt_max_attempts, f.opt_max_attempts) + t.attempts_base into v_max_attempts
   from pgflow.steps s
   join pgflow.flows f on f.flow_slug = s.flow_slug
+  join pgflow.step_tasks t on t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
   where s.flow_slug = v_flow_slug and s.step_slug = p_step_slug;
   v_final := coalesce(p_force_exhausted or v_attempts >= v_max_attempts, false);
   perform pgflow._lock_task_messages(p_run_id, p_step_slug, p_task_index, v_final, false);
@@ -216,7 +218,7 @@ begin
   end if;
 
   select ss.status,
-         coalesce(s.opt_max_attempts, f.opt_max_attempts),
+         coalesce(s.opt_max_attempts, f.opt_max_attempts) + task.attempts_base,
          coalesce(s.opt_base_delay, f.opt_base_delay),
          s.when_exhausted
   into v_step_status, v_max_attempts, v_base_delay, v_when_exhausted
@@ -234,7 +236,8 @@ begin
 
   -- Retry: back to the queue, visible again after the backoff (or the handler's delay), never more than the cap.
   if not p_force_exhausted and task.attempts_count < v_max_attempts then
-    v_delay := case when p_retry_delay is null then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count)
+    v_delay := case when p_retry_delay is null
+                    then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count - task.attempts_base)
                     else least(greatest(p_retry_delay, 0), pgflow._max_retry_delay_seconds()) end;
     update pgflow.step_tasks t
     set status = 'queued', started_at = null, error_message = p_error_message, permanently_stalled_at = null

@@ -12,7 +12,8 @@ immutable parallel safe
 as $$ select 8099555070761726577::bigint $$;
 
 -- The started tasks, found through started step states (idx_step_states_started), so the cost follows the
--- work in flight, never the task history. With the effective timeout and max_attempts of each task's step.
+-- work in flight, never the task history. With the effective timeout and max_attempts of each task's step
+-- (counted from the task's attempts_base, the attempts used before its last retry_run).
 create function pgflow._started_tasks()
 returns table(queue_name text, message_id bigint, run_id uuid, step_slug text, task_index integer, started_at timestamp with time zone, last_worker_id uuid, attempts_count integer, permanently_stalled_at timestamp with time zone, effective_timeout integer, max_attempts integer)
 language sql
@@ -21,7 +22,7 @@ set search_path = ''
 as $$
   select t.queue_name, t.message_id, t.run_id, t.step_slug, t.task_index, t.started_at, t.last_worker_id,
          t.attempts_count, t.permanently_stalled_at,
-         coalesce(s.opt_timeout, f.opt_timeout), coalesce(s.opt_max_attempts, f.opt_max_attempts)
+         coalesce(s.opt_timeout, f.opt_timeout), coalesce(s.opt_max_attempts, f.opt_max_attempts) + t.attempts_base
   from pgflow.step_states ss
   join pgflow.runs r on r.run_id = ss.run_id and r.status = 'started'
   join pgflow.step_tasks t on t.run_id = ss.run_id and t.step_slug = ss.step_slug and t.status = 'started'
@@ -332,8 +333,8 @@ begin
   from (
     select r.run_id
     from pgflow.runs r
-    where r.status <> 'started' and coalesce(r.completed_at, r.failed_at) < v_cutoff
-    order by coalesce(r.completed_at, r.failed_at)
+    where r.status <> 'started' and coalesce(r.completed_at, r.failed_at, r.cancelled_at) < v_cutoff
+    order by coalesce(r.completed_at, r.failed_at, r.cancelled_at)
     limit max_runs
     for update skip locked
   ) x;
@@ -369,6 +370,14 @@ begin
       v_archived := v_archived + v_n;
     end if;
   end loop;
+
+  -- Idempotency keys past their window (the keys of the runs deleted above went with them).
+  delete from pgflow.idempotency_keys k
+  where (k.flow_name, k.idempotency_key) in (
+    select o.flow_name, o.idempotency_key from pgflow.idempotency_keys o
+    where o.expires_at < now()
+    order by o.expires_at
+    limit max_runs * 10);
 
   delete from pgflow.workers w
   where w.worker_id in (

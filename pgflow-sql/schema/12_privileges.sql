@@ -42,11 +42,13 @@ as $$
     'pgflow.release_worker_tasks(uuid)',
     'pgflow.requeue_stalled_tasks()',
     'pgflow.requeue_dead_worker_tasks(interval)',
-    'pgflow.run_maintenance(interval,interval,integer)'
+    'pgflow.run_maintenance(interval,interval,integer)',
+    'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])'
   ]
 $$;
 
--- The functions a client calls: start runs and read them.
+-- The functions a client calls: start runs (with idempotency keys too), read them, and control them (cancel,
+-- retry, replay).
 create function pgflow._client_api()
 returns text[]
 language sql
@@ -60,7 +62,12 @@ as $$
     'pgflow.run_channel(uuid)',
     'pgflow.resolve_flow_slug(text)',
     'pgflow.watch_run(uuid)',
-    'pgflow.unwatch_run(uuid)'
+    'pgflow.unwatch_run(uuid)',
+    'pgflow.start_flows_with_keys(text,jsonb[],text[],uuid[],interval)',
+    'pgflow.cancel_run(uuid,text)',
+    'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer)',
+    'pgflow.retry_run(uuid,text)',
+    'pgflow.replay_run(uuid,text)'
   ]
 $$;
 

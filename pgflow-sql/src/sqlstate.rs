@@ -1,6 +1,6 @@
 //! The SQLSTATE codes the pgflow SQL core raises, as a type.
 //!
-//! The SQL core raises its own codes (`PF001` to `PF020`) for routing, queue and alias errors, and a few
+//! The SQL core raises its own codes (`PF001` to `PF020`) for routing, queue and alias errors, `PF031` to `PF036` for run control,, and a few
 //! standard ones for bad arguments. [`SqlState`] names each of them; a code this build does not know is
 //! kept as it came ([`SqlState::Other`]), never taken for a known one.
 
@@ -72,6 +72,18 @@ sqlstates! {
     AliasTargetMissing = "PF019",
     /// `PF020`: a worker's subscription does not match the persisted routes.
     SubscriptionInvalid = "PF020",
+    /// `PF031`: no such run (never started, or removed by retention): cancel, retry or replay of an unknown run.
+    RunNotFound = "PF031",
+    /// `PF032`: the run cannot be retried in its state (still started, or completed: replay it instead).
+    RunNotRetryable = "PF032",
+    /// `PF033`: the run's flow version is gone (a queue of a step that would run again no longer exists).
+    FlowVersionGone = "PF033",
+    /// `PF034`: a replay from a step the run's flow does not have.
+    UnknownReplayStep = "PF034",
+    /// `PF035`: an idempotency key was used before with another input.
+    IdempotencyKeyConflict = "PF035",
+    /// `PF036`: a replay is impossible: a dependency of the step did not complete in the original run.
+    ReplayNotPossible = "PF036",
     /// `22023` (`invalid_parameter_value`): an argument the SQL core refuses.
     InvalidParameterValue = "22023",
     /// `23000` (`integrity_constraint_violation`).

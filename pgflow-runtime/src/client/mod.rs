@@ -17,9 +17,11 @@ use crate::pooling::{run, Pooling};
 use crate::statements;
 use crate::watch::Hub;
 
+mod control;
 mod start;
 mod state;
 
+pub use control::{CancelFilter, CancelOutcome, Start};
 pub use start::{start, start_by_slug, start_deployed, start_many, start_many_by_slug, StartedRun};
 pub use state::{RunRow, RunState, RunStatus, StepState, StepStatus};
 
@@ -63,6 +65,14 @@ pub enum WaitError {
         failed_step: Option<String>,
         /// That step's (or task's) error message.
         error_message: Option<String>,
+    },
+    /// The run was cancelled (`pgflow.cancel_run`): it will not produce an output.
+    #[error("run {run_id} was cancelled{}", reason.as_ref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Cancelled {
+        /// The run.
+        run_id: Uuid,
+        /// The reason given to the cancel.
+        reason: Option<String>,
     },
     /// The run did not finish in time; it keeps running.
     #[error("run {run_id} did not finish within {waited:?}")]
@@ -129,6 +139,7 @@ pub struct Client {
     pool: PgPool,
     pooling: Pooling,
     poll_fallback: Duration,
+    key_window: Option<Duration>,
     hub: Arc<OnceCell<Option<Hub>>>,
 }
 
@@ -147,6 +158,7 @@ impl Client {
             pool,
             pooling: Pooling::Direct,
             poll_fallback: Duration::from_millis(500),
+            key_window: None,
             hub: Arc::new(OnceCell::new()),
         }
     }
@@ -167,45 +179,191 @@ impl Client {
         self
     }
 
+    /// How long the idempotency keys of this client's starts live (default: the database setting
+    /// `pgflow.idempotency_key_ttl`, else 24 hours). Retention (`prune_history`) removes expired keys.
+    #[must_use]
+    pub fn with_idempotency_window(mut self, window: Duration) -> Self {
+        self.key_window = Some(window.max(Duration::from_secs(1)));
+        self
+    }
+
     /// The pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
-    /// Starts a typed run.
+    /// Starts a typed run: `&input`, or a [`Start`] with an idempotency key.
+    ///
+    /// ```no_run
+    /// # use pgflow_runtime::{flow, StepError};
+    /// # #[flow(slug = "greet", input = String)]
+    /// # mod greet { use pgflow_runtime::StepError;
+    /// #   #[step] async fn hello(name: String) -> Result<String, StepError> { Ok(name) } }
+    /// use pgflow_runtime::client::{Client, Start};
+    ///
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = Client::new(pool);
+    /// let name = "Ada".to_owned();
+    /// let first = client.start::<greet::Greet>(Start::new(&name).idempotency_key("signup-42")).await?;
+    /// let again = client.start::<greet::Greet>(Start::new(&name).idempotency_key("signup-42")).await?;
+    /// assert_eq!(first.run_id(), again.run_id());
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
-    /// See [`start()`].
-    pub async fn start<F: Flow>(&self, input: &F::Input) -> Result<RunHandle<F>, ClientError> {
-        let input = start::to_input(F::SLUG, input)?;
-        let started = self.start_named(F::SLUG, &input).await?;
-        Ok(self.handle(started.run_id))
+    /// See [`start()`]; with a key, SQLSTATE `PF035` when the key was used for another input.
+    pub async fn start<'a, F: Flow>(
+        &self,
+        input: impl Into<Start<'a, F::Input>>,
+    ) -> Result<RunHandle<F>, ClientError>
+    where
+        F::Input: 'a,
+    {
+        let one = input.into();
+        if one.idempotency_key.is_none() {
+            let input = start::to_input(F::SLUG, one.input)?;
+            let started = self.start_named(F::SLUG, &input).await?;
+            return Ok(self.handle(started.run_id));
+        }
+        let mut handles = self.start_many::<F>([one]).await?;
+        Ok(handles.remove(0))
     }
 
-    /// Starts one typed run per input in one statement; the handles come back in input order. Either
-    /// every run starts or none does.
+    /// Starts one typed run per input (`&input`, or a [`Start`] with its own idempotency key) in one statement;
+    /// the handles come back in input order. Either every run starts (or is found by its key) or none does.
     ///
     /// # Errors
     ///
-    /// See [`start_many()`].
-    pub async fn start_many<F: Flow>(
+    /// See [`start_many()`]; with keys, SQLSTATE `PF035` when a key was used for another input.
+    pub async fn start_many<'a, F: Flow>(
         &self,
-        inputs: &[F::Input],
-    ) -> Result<Vec<RunHandle<F>>, ClientError> {
-        let inputs = inputs
+        inputs: impl IntoIterator<Item = impl Into<Start<'a, F::Input>>>,
+    ) -> Result<Vec<RunHandle<F>>, ClientError>
+    where
+        F::Input: 'a,
+    {
+        let starts: Vec<Start<'a, F::Input>> = inputs.into_iter().map(Into::into).collect();
+        let values = starts
             .iter()
-            .map(|input| start::to_input(F::SLUG, input))
+            .map(|s| start::to_input(F::SLUG, s.input))
             .collect::<Result<Vec<_>, _>>()?;
+        let keys: Option<Vec<Option<String>>> = starts
+            .iter()
+            .any(|s| s.idempotency_key.is_some())
+            .then(|| starts.iter().map(|s| s.idempotency_key.clone()).collect());
+        let window = self.key_window.map(|w| w.as_secs_f64());
         let run_ids = if self.pooling.is_transaction() {
             let mut tx = self.pool.begin().await?;
-            let ids = start::start_many_with(&mut *tx, F::SLUG, &inputs, false).await?;
+            let ids = match &keys {
+                None => start::start_many_with(&mut *tx, F::SLUG, &values, false).await?,
+                Some(keys) => {
+                    start::start_keyed_with(&mut *tx, F::SLUG, &values, keys, window, false).await?
+                }
+            };
             tx.commit().await?;
             ids
         } else {
-            start::start_many_with(&self.pool, F::SLUG, &inputs, true).await?
+            match &keys {
+                None => start::start_many_with(&self.pool, F::SLUG, &values, true).await?,
+                Some(keys) => {
+                    start::start_keyed_with(&self.pool, F::SLUG, &values, keys, window, true)
+                        .await?
+                }
+            }
         };
         Ok(run_ids.into_iter().map(|id| self.handle(id)).collect())
+    }
+
+    /// Cancels a run (`pgflow.cancel_run`): in one transaction the run becomes `cancelled` with `reason`, its
+    /// queued tasks are cancelled with their messages, steps not started never start, and later results of its
+    /// running tasks are stale. Its running handlers see `ctx.cancellation()` fire within about a second, and
+    /// their workers drop their results. Idempotent: a finished run is left as it is ([`CancelOutcome::changed`]
+    /// is `false`).
+    ///
+    /// # Errors
+    ///
+    /// A database error; SQLSTATE `PF031` for an unknown run.
+    pub async fn cancel(
+        &self,
+        run_id: Uuid,
+        reason: Option<&str>,
+    ) -> Result<CancelOutcome, ClientError> {
+        type Row = (
+            RunStatus,
+            bool,
+            Option<String>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        );
+        let query = sqlx::query_as(statements::CANCEL_RUN)
+            .bind(run_id)
+            .bind(reason);
+        let (status, changed, reason, cancelled_at): Row =
+            run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
+        Ok(CancelOutcome {
+            status,
+            changed,
+            reason,
+            cancelled_at,
+        })
+    }
+
+    /// Cancels every started run matching `filter`, one bounded batch (one transaction) at a time, and returns
+    /// how many it cancelled.
+    ///
+    /// # Errors
+    ///
+    /// A database error (a batch already committed stays cancelled).
+    pub async fn cancel_runs(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
+        let (path, value) = match &filter.input_equals {
+            Some((path, value)) => (Some(path.clone()), Some(value.clone())),
+            None => (None, None),
+        };
+        let batch = i32::try_from(filter.batch_size.unwrap_or(1000).max(1)).unwrap_or(i32::MAX);
+        let mut total = 0u64;
+        loop {
+            let query = sqlx::query_scalar(statements::CANCEL_RUNS)
+                .bind(filter.flow_slug.as_deref())
+                .bind(filter.started_before)
+                .bind(path.as_deref())
+                .bind(value.as_ref())
+                .bind(filter.reason.as_deref())
+                .bind(batch);
+            let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
+            total += u64::try_from(n).unwrap_or(0);
+            if n < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Retries a failed or cancelled run in place (`pgflow.retry_run`): its failed or cancelled steps and the
+    /// steps downstream of them run again with fresh attempts; completed tasks keep their outputs and never run
+    /// again. The history of tries is in `pgflow.run_retries`. Returns the run's status afterwards (`Started`,
+    /// or `Completed` when nothing was left to run).
+    ///
+    /// # Errors
+    ///
+    /// A database error: SQLSTATE `PF031` (unknown run), `PF032` (the run is still started, or completed),
+    /// `PF033` (its flow version is gone).
+    pub async fn retry(&self, run_id: Uuid) -> Result<RunStatus, ClientError> {
+        let query = sqlx::query_scalar(statements::RETRY_RUN).bind(run_id);
+        Ok(run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?)
+    }
+
+    /// Replays a run from `from_step` (`pgflow.replay_run`): a new run linked to it (`replay_of`) that copies
+    /// the outputs of the steps not downstream of `from_step` and runs that step and its descendants. Works on
+    /// completed runs too. Returns the new run's id.
+    ///
+    /// # Errors
+    ///
+    /// A database error: SQLSTATE `PF031` (unknown run), `PF034` (a step the run's flow does not have), `PF036`
+    /// (a dependency of the step did not complete), `PF033` (the flow version is gone).
+    pub async fn replay(&self, run_id: Uuid, from_step: &str) -> Result<Uuid, ClientError> {
+        let query = sqlx::query_scalar(statements::REPLAY_RUN)
+            .bind(run_id)
+            .bind(from_step);
+        Ok(run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?)
     }
 
     /// Starts a run of deployment `D` by its alias (or its concrete slug when it has none), with a typed
@@ -311,7 +469,8 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`WaitError::Failed`] (with the failed step and its message), [`WaitError::TimedOut`],
+    /// [`WaitError::Failed`] (with the failed step and its message), [`WaitError::Cancelled`] (with the
+    /// reason), [`WaitError::TimedOut`],
     /// [`WaitError::NotFound`], [`WaitError::Output`], or a database error.
     pub async fn wait<F: Flow>(
         &self,
@@ -399,6 +558,9 @@ impl Client {
                 failed_step,
                 error_message,
             }),
+            Some((RunStatus::Cancelled, _, _, reason)) => {
+                Err(WaitError::Cancelled { run_id, reason })
+            }
             Some((RunStatus::Started, ..)) => Ok(None),
         }
     }
@@ -461,6 +623,39 @@ impl<F: Flow> RunHandle<F> {
             });
         }
         self.client.wait::<F>(self.run_id, timeout).await
+    }
+
+    /// Cancels the run; see [`Client::cancel`].
+    ///
+    /// # Errors
+    ///
+    /// See [`Client::cancel`].
+    pub async fn cancel(&self, reason: Option<&str>) -> Result<CancelOutcome, ClientError> {
+        self.client.cancel(self.run_id, reason).await
+    }
+
+    /// Retries the failed or cancelled run in place; see [`Client::retry`].
+    ///
+    /// # Errors
+    ///
+    /// See [`Client::retry`].
+    pub async fn retry(&self) -> Result<RunStatus, ClientError> {
+        self.client.retry(self.run_id).await
+    }
+
+    /// Replays the run from `from_step` as a new run of the same version; see [`Client::replay`].
+    ///
+    /// # Errors
+    ///
+    /// See [`Client::replay`].
+    pub async fn replay(&self, from_step: &str) -> Result<RunHandle<F>, ClientError> {
+        let run_id = self.client.replay(self.run_id, from_step).await?;
+        Ok(RunHandle {
+            run_id,
+            flow_slug: self.flow_slug.clone(),
+            client: self.client.clone(),
+            _flow: PhantomData,
+        })
     }
 }
 

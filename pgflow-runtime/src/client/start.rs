@@ -115,6 +115,29 @@ where
         .await?)
 }
 
+/// Starts one run per input with an idempotency key each (`None`: no key), as `pgflow.start_flows_with_keys`:
+/// a key already used for the same input returns its run; `window_seconds` overrides the keys' lifetime.
+pub(crate) async fn start_keyed_with<'e, E>(
+    executor: E,
+    flow_slug: &str,
+    inputs: &[Value],
+    keys: &[Option<String>],
+    window_seconds: Option<f64>,
+    persistent: bool,
+) -> Result<Vec<Uuid>, ClientError>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    Ok(sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS)
+        .bind(flow_slug)
+        .bind(inputs)
+        .bind(keys)
+        .bind(window_seconds)
+        .persistent(persistent)
+        .fetch_all(executor)
+        .await?)
+}
+
 /// A typed input as JSON, or [`ClientError::Input`] naming the flow.
 pub(crate) fn to_input<T: serde::Serialize>(name: &str, input: &T) -> Result<Value, ClientError> {
     serde_json::to_value(input).map_err(|source| ClientError::Input {

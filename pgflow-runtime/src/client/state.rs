@@ -17,6 +17,8 @@ text_enum! {
         Completed = "completed",
         /// A step failed the run.
         Failed = "failed",
+        /// Cancelled (`pgflow.cancel_run`); see [`RunRow::cancel_reason`].
+        Cancelled = "cancelled",
     }
 }
 
@@ -80,6 +82,18 @@ pub struct RunRow {
     /// Failure time.
     #[serde(default)]
     pub failed_at: Option<DateTime<Utc>>,
+    /// Cancellation time.
+    #[serde(default)]
+    pub cancelled_at: Option<DateTime<Utc>>,
+    /// Why the run was cancelled.
+    #[serde(default)]
+    pub cancel_reason: Option<String>,
+    /// The run this run replays (`pgflow.replay_run`).
+    #[serde(default)]
+    pub replay_of: Option<Uuid>,
+    /// How many times the run was retried in place (`pgflow.retry_run`).
+    #[serde(default)]
+    pub retry_count: Option<i32>,
 }
 
 /// `pgflow.step_states`.

@@ -16,6 +16,7 @@ use super::claim::Claimed;
 use super::record::Pending;
 use super::registry::{step_deadline, Registry, TaskFacts};
 use super::result::{Outcome, TaskKey, TaskResult};
+use super::revoke::Revocations;
 
 /// What running tasks share.
 pub(crate) struct Shared {
@@ -29,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) pending: Pending,
     /// Behind a transaction pooler (see [`Pooling`](crate::pooling::Pooling)).
     pub(crate) pooled: bool,
+    /// The tasks in flight, checked in the background for cancellation.
+    pub(crate) revocations: Revocations,
 }
 
 enum Ran {
@@ -36,6 +39,8 @@ enum Ran {
     Failed(crate::StepError),
     Panicked(String),
     TimedOut(Duration),
+    /// The task is no longer current (its run was cancelled or failed): the handler was cancelled.
+    Revoked,
 }
 
 /// Runs a claimed task and hands its outcome to the recorder. `slot` (a handler slot) is freed when the
@@ -120,6 +125,10 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
             });
         }
     };
+    let tracked =
+        shared
+            .revocations
+            .track(task.run_id, &task.step_slug, task.task_index, task.attempt);
     let handler = AssertUnwindSafe(handler).catch_unwind();
     tokio::pin!(handler);
     let ran = tokio::select! {
@@ -134,7 +143,14 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
             let _ = tokio::time::timeout(shared.timeout_cancel_wait, &mut handler).await;
             Ran::TimedOut(limit)
         }
+        _ = tracked.revoked.cancelled() => {
+            // The run was cancelled or failed: the same, and the result (stale in the database) is dropped.
+            token.cancel();
+            let _ = tokio::time::timeout(shared.timeout_cancel_wait, &mut handler).await;
+            Ran::Revoked
+        }
     };
+    drop(tracked);
     let elapsed_ms = started.elapsed().as_millis() as u64;
     // Cancelled by shutdown: the worker hands the task back; a failure now is not the handler's fault.
     if shared.handlers.is_cancelled() && !matches!(ran, Ran::Done(_)) {
@@ -168,6 +184,13 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
             retry_after: None,
             terminal: false,
         },
+        Ran::Revoked => {
+            tracing::info!(
+                elapsed_ms,
+                "task no longer current; its handler was cancelled and its result dropped"
+            );
+            return None;
+        }
     })
 }
 

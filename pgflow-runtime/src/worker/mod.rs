@@ -21,6 +21,7 @@ mod registry;
 mod report;
 mod result;
 mod retry;
+mod revoke;
 mod serve;
 mod startup;
 

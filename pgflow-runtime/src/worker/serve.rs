@@ -21,6 +21,7 @@ use super::execute::Shared;
 use super::record::{Pending, Recorder, Stats};
 use super::registry::Registry;
 use super::result::TaskResult;
+use super::revoke::{self, Revocations};
 use super::startup::{self, Prepared};
 use super::{StopReason, WorkerReport};
 use crate::config::WorkerConfig;
@@ -91,6 +92,7 @@ pub(crate) async fn serve(
     let stop = shutdown.child_token();
     let reason: Arc<Mutex<Option<StopReason>>> = Arc::new(Mutex::new(None));
     let background_done = CancellationToken::new();
+    let revocations = Revocations::default();
     let background = spawn_background(
         &pool,
         worker_id,
@@ -101,10 +103,20 @@ pub(crate) async fn serve(
         &stop,
         &reason,
         &background_done,
+        &revocations,
     );
 
     let (driver, claimer, results) = driver(
-        &pool, &registry, &config, worker_id, &stats, stop, &reason, wake, own,
+        &pool,
+        &registry,
+        &config,
+        worker_id,
+        &stats,
+        stop,
+        &reason,
+        wake,
+        own,
+        revocations,
     );
     let fatal = driver.run(results).await;
     background_done.cancel();
@@ -127,6 +139,7 @@ fn driver(
     reason: &Arc<Mutex<Option<StopReason>>>,
     wake: Arc<Notify>,
     own: OwnBackends,
+    revocations: Revocations,
 ) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
     let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -147,6 +160,7 @@ fn driver(
         results: tx,
         pending,
         pooled: config.pooling.is_transaction(),
+        revocations,
     });
     let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Arc::new(Claimer {
@@ -235,8 +249,15 @@ fn spawn_background(
     stop: &CancellationToken,
     reason: &Arc<Mutex<Option<StopReason>>>,
     done: &CancellationToken,
+    revocations: &Revocations,
 ) -> Vec<JoinHandle<()>> {
     let mut handles = Vec::new();
+    handles.push(tokio::spawn(revoke::watch(
+        pool.clone(),
+        config.pooling.is_transaction(),
+        revocations.clone(),
+        done.clone(),
+    )));
     {
         let (pool, stop, reason, done) =
             (pool.clone(), stop.clone(), Arc::clone(reason), done.clone());

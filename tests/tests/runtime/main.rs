@@ -11,6 +11,7 @@ mod queue_workers;
 mod reliability;
 mod retention;
 mod rollout;
+mod run_control;
 mod shutdown;
 mod steps;
 mod support;

@@ -26,6 +26,7 @@ mod recovery;
 mod retries;
 mod review_defects;
 mod review_defects_b;
+mod run_control;
 mod start_many;
 mod step_queues;
 mod step_support;

@@ -1,0 +1,121 @@
+//! Run control: cancel, retry in place, replay from a step, and keyed (idempotent) starts.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::state::RunStatus;
+
+/// What [`Client::cancel`](super::Client::cancel) did (`pgflow.cancel_run`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CancelOutcome {
+    /// The run's status afterwards: `Cancelled`, or the status of a run that had already finished.
+    pub status: RunStatus,
+    /// Whether this call cancelled the run (`false`: it was already finished, and nothing changed).
+    pub changed: bool,
+    /// The cancel reason (of this call, or of an earlier cancel).
+    pub reason: Option<String>,
+    /// When the run was cancelled.
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+/// Which runs [`Client::cancel_runs`](super::Client::cancel_runs) cancels: started runs matching every filter
+/// set. Built with its methods from [`CancelFilter::new`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct CancelFilter {
+    /// A concrete flow slug or an alias.
+    pub flow_slug: Option<String>,
+    /// Runs started before this time.
+    pub started_before: Option<DateTime<Utc>>,
+    /// Runs whose input at this JSON path equals this value.
+    pub input_equals: Option<(Vec<String>, Value)>,
+    /// The reason recorded on every cancelled run.
+    pub reason: Option<String>,
+    /// Runs cancelled per transaction (default 1000).
+    pub batch_size: Option<u32>,
+}
+
+impl CancelFilter {
+    /// Every started run (narrow it with the other methods).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only runs of this flow slug or alias.
+    #[must_use]
+    pub fn flow(mut self, flow_slug: impl Into<String>) -> Self {
+        self.flow_slug = Some(flow_slug.into());
+        self
+    }
+
+    /// Only runs started before `at`.
+    #[must_use]
+    pub fn started_before(mut self, at: DateTime<Utc>) -> Self {
+        self.started_before = Some(at);
+        self
+    }
+
+    /// Only runs whose input at `path` (keys or array positions) equals `value`.
+    #[must_use]
+    pub fn input_equals<P: Into<String>>(
+        mut self,
+        path: impl IntoIterator<Item = P>,
+        value: Value,
+    ) -> Self {
+        self.input_equals = Some((path.into_iter().map(Into::into).collect(), value));
+        self
+    }
+
+    /// The reason recorded on each cancelled run.
+    #[must_use]
+    pub fn reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Runs cancelled per transaction (at least 1).
+    #[must_use]
+    pub fn batch_size(mut self, n: u32) -> Self {
+        self.batch_size = Some(n.max(1));
+        self
+    }
+}
+
+/// One start of [`Client::start`](super::Client::start) or [`Client::start_many`](super::Client::start_many):
+/// an input, and optionally an idempotency key. A plain `&input` converts into a start without a key.
+///
+/// With a key, starting again with the same key (for the same flow slug or alias, within the key window)
+/// returns the run the first start created instead of a second one; the same key with another input is an
+/// error naming the key (SQLSTATE `PF035`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Start<'a, I> {
+    /// The input.
+    pub input: &'a I,
+    /// The idempotency key.
+    pub idempotency_key: Option<String>,
+}
+
+impl<'a, I> Start<'a, I> {
+    /// A start of `input` without a key.
+    pub fn new(input: &'a I) -> Self {
+        Start {
+            input,
+            idempotency_key: None,
+        }
+    }
+
+    /// With idempotency key `key`.
+    #[must_use]
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+impl<'a, I> From<&'a I> for Start<'a, I> {
+    fn from(input: &'a I) -> Self {
+        Start::new(input)
+    }
+}
