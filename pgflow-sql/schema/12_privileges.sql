@@ -42,7 +42,8 @@ as $$
     'pgflow.release_worker_tasks(uuid)',
     'pgflow.requeue_stalled_tasks()',
     'pgflow.requeue_dead_worker_tasks(interval)',
-    'pgflow.run_maintenance(interval,interval,integer)'
+    'pgflow.run_maintenance(interval,interval,integer)',
+    'pgflow.queue_stats()'
   ]
 $$;
 
@@ -60,7 +61,8 @@ as $$
     'pgflow.run_channel(uuid)',
     'pgflow.resolve_flow_slug(text)',
     'pgflow.watch_run(uuid)',
-    'pgflow.unwatch_run(uuid)'
+    'pgflow.unwatch_run(uuid)',
+    'pgflow.queue_stats()'
   ]
 $$;
 

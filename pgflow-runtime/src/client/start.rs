@@ -94,11 +94,16 @@ pub async fn start_many_by_slug<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    Ok(sqlx::query_scalar(statements::START_FLOWS)
+    #[cfg(feature = "otel")]
+    let query = sqlx::query_scalar(statements::START_FLOWS_TRACED)
         .bind(flow_slug)
         .bind(inputs)
-        .fetch_all(executor)
-        .await?)
+        .bind(crate::observability::otel::start_setting(flow_slug));
+    #[cfg(not(feature = "otel"))]
+    let query = sqlx::query_scalar(statements::START_FLOWS)
+        .bind(flow_slug)
+        .bind(inputs);
+    Ok(query.fetch_all(executor).await?)
 }
 
 /// Starts a run of deployment `D` by its alias, with a typed input, with any executor (a pool, a connection,
@@ -174,12 +179,18 @@ async fn start_named<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    let (run_id, flow_slug) = sqlx::query_as(statements::START_FLOW)
+    #[cfg(feature = "otel")]
+    let query = sqlx::query_as(statements::START_FLOW_TRACED)
         .bind(name)
         .bind(input)
         .bind(run_id)
-        .fetch_one(executor)
-        .await?;
+        .bind(crate::observability::otel::start_setting(name));
+    #[cfg(not(feature = "otel"))]
+    let query = sqlx::query_as(statements::START_FLOW)
+        .bind(name)
+        .bind(input)
+        .bind(run_id);
+    let (run_id, flow_slug) = query.fetch_one(executor).await?;
     Ok(StartedRun { run_id, flow_slug })
 }
 
