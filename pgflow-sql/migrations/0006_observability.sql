@@ -209,7 +209,7 @@ begin
   perform pgflow._log_event('alias_activated', null, flow_slug => new.flow_slug,
                             detail => jsonb_build_object(
                               'alias', new.alias, 'previous_flow_slug', new.previous_flow_slug,
-                              'moved_back', tg_op = 'UPDATE' and new.flow_slug = old.previous_flow_slug));
+                              'moved_back', tg_op = 'UPDATE' and new.flow_slug is not distinct from old.previous_flow_slug));
   return null;
 end;
 $$;
