@@ -61,21 +61,24 @@ pub struct Failure {
 pub async fn failures(pool: &PgPool) -> Result<impl Stream<Item = Failure>, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(FAILURE_CHANNEL).await?;
-    Ok(futures::stream::unfold(listener, |mut listener| async move {
-        loop {
-            match listener.recv().await {
-                Ok(n) => match serde_json::from_str::<Failure>(n.payload()) {
-                    Ok(f) => return Some((f, listener)),
-                    Err(e) => tracing::warn!(error = %e, payload = n.payload(),
+    Ok(futures::stream::unfold(
+        listener,
+        |mut listener| async move {
+            loop {
+                match listener.recv().await {
+                    Ok(n) => match serde_json::from_str::<Failure>(n.payload()) {
+                        Ok(f) => return Some((f, listener)),
+                        Err(e) => tracing::warn!(error = %e, payload = n.payload(),
                         "cannot read a pgflow_failures notification; skipped"),
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "pgflow_failures listener lost its connection; reconnecting");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "pgflow_failures listener lost its connection; reconnecting");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
                 }
             }
-        }
-    }))
+        },
+    ))
 }
 
 /// One row of `pgflow.queue_stats()`.
@@ -103,7 +106,8 @@ pub async fn record_queue_stats(pool: &PgPool) -> Result<Vec<QueueStats>, sqlx::
         let queue = s.queue_name.clone();
         metrics::gauge!(QUEUE_DEPTH, "queue" => queue.clone()).set(s.depth as f64);
         metrics::gauge!(QUEUE_VISIBLE, "queue" => queue.clone()).set(s.visible as f64);
-        metrics::gauge!(QUEUE_OLDEST_AGE, "queue" => queue).set(s.oldest_age_seconds.unwrap_or(0.0));
+        metrics::gauge!(QUEUE_OLDEST_AGE, "queue" => queue)
+            .set(s.oldest_age_seconds.unwrap_or(0.0));
     }
     Ok(stats)
 }
@@ -147,5 +151,6 @@ pub fn serve_prometheus(
 
 /// Histogram buckets [`serve_prometheus`] uses (seconds, or tasks for batch sizes).
 pub const DEFAULT_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
 ];

@@ -44,16 +44,32 @@ pub fn describe() {
     describe_counter!(TASKS_CLAIMED, "Tasks claimed");
     describe_counter!(TASKS_COMPLETED, "Task outputs recorded");
     describe_counter!(TASKS_FAILED, "Task failures recorded with no attempt left");
-    describe_counter!(TASKS_RETRIED, "Task failures recorded that queue another attempt");
+    describe_counter!(
+        TASKS_RETRIED,
+        "Task failures recorded that queue another attempt"
+    );
     describe_counter!(STALE_RESULTS, "Results ignored because the task moved on");
-    describe_counter!(DEFERRED_READS, "Messages read while their task ran elsewhere");
-    describe_counter!(UNSUPPORTED_STOPS, "Claims that found messages the worker must not run");
+    describe_counter!(
+        DEFERRED_READS,
+        "Messages read while their task ran elsewhere"
+    );
+    describe_counter!(
+        UNSUPPORTED_STOPS,
+        "Claims that found messages the worker must not run"
+    );
     describe_histogram!(HANDLER_DURATION, Unit::Seconds, "Handler run time");
     describe_histogram!(QUEUE_WAIT, Unit::Seconds, "From claimed to started");
     describe_histogram!(CLAIM_DURATION, Unit::Seconds, "Exchange round trip");
-    describe_histogram!(EXCHANGE_BATCH, Unit::Count, "Outputs recorded and tasks claimed per exchange");
+    describe_histogram!(
+        EXCHANGE_BATCH,
+        Unit::Count,
+        "Outputs recorded and tasks claimed per exchange"
+    );
     describe_gauge!(TASKS_IN_FLIGHT, "Handlers running");
-    describe_gauge!(UNRECORDED_RESULTS, "Claimed tasks whose result is not recorded yet");
+    describe_gauge!(
+        UNRECORDED_RESULTS,
+        "Claimed tasks whose result is not recorded yet"
+    );
     describe_gauge!(QUEUE_DEPTH, "Messages in the queue");
     describe_gauge!(QUEUE_VISIBLE, "Messages visible now");
     describe_gauge!(QUEUE_OLDEST_AGE, Unit::Seconds, "Age of the oldest message");

@@ -78,7 +78,8 @@ pub fn to_json(sc: &SpanContext) -> Value {
 pub fn from_json(v: &Value) -> Option<SpanContext> {
     let tp = v.get("traceparent")?.as_str()?;
     let mut parts = tp.split('-');
-    let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     if version != "00" || parts.next().is_some() {
         return None;
     }
@@ -157,7 +158,12 @@ pub(crate) fn attempt_context(task: &Claimed, worker_id: Uuid) -> Option<Context
     if task.attempt > 1 && span.span_context().span_id() == id {
         let previous = SpanContext::new(
             parent.trace_id(),
-            attempt_span_id(task.run_id, &task.step_slug, task.task_index, task.attempt - 1),
+            attempt_span_id(
+                task.run_id,
+                &task.step_slug,
+                task.task_index,
+                task.attempt - 1,
+            ),
             parent.trace_flags(),
             true,
             TraceState::default(),

@@ -38,7 +38,11 @@ impl WorkerMetrics {
             .iter()
             .zip(steps)
             .map(|(&flow, &step)| {
-                let labels = [("flow", flow.to_owned()), ("step", step.to_owned()), ("queue", q.clone())];
+                let labels = [
+                    ("flow", flow.to_owned()),
+                    ("step", step.to_owned()),
+                    ("queue", q.clone()),
+                ];
                 StepMetrics {
                     flow,
                     step,

@@ -13,10 +13,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::claim::Claimed;
-use crate::observability::worker::WorkerMetrics;
 use super::record::Pending;
 use super::registry::{step_deadline, Registry, TaskFacts};
 use super::result::{Outcome, TaskKey, TaskResult};
+use crate::observability::worker::WorkerMetrics;
 
 /// What running tasks share.
 pub(crate) struct Shared {

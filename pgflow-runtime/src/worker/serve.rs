@@ -131,7 +131,11 @@ fn driver(
     let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
     let (flow_slugs, step_slugs) = registry.pairs();
-    let metrics = Arc::new(WorkerMetrics::new(&registry.queue, &flow_slugs, &step_slugs));
+    let metrics = Arc::new(WorkerMetrics::new(
+        &registry.queue,
+        &flow_slugs,
+        &step_slugs,
+    ));
     let recorder = Arc::new(Recorder {
         metrics: Arc::clone(&metrics),
         pool: pool.clone(),

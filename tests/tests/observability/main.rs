@@ -36,3 +36,5 @@ pub(crate) async fn stop(worker: WorkerHandle) {
         .expect("worker stops in time")
         .expect("worker result");
 }
+
+mod failures;

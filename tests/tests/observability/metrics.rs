@@ -90,7 +90,13 @@ async fn a_scrape_shows_per_step_counters_histograms_gauges_and_queue_depth() {
     record_queue_stats(pool).await.unwrap();
 
     let text = scrape(addr).await;
-    let step = |s: &'static str| [("flow", "metricsFlow"), ("step", s), ("queue", "metricsflow")];
+    let step = |s: &'static str| {
+        [
+            ("flow", "metricsFlow"),
+            ("step", s),
+            ("queue", "metricsflow"),
+        ]
+    };
     let get = |name: &str, labels: &[(&str, &str)]| {
         sample(&text, name, labels).unwrap_or_else(|| panic!("no {name} {labels:?} in:\n{text}"))
     };

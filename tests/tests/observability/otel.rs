@@ -15,8 +15,8 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData
 use pgflow_runtime::observability::otel::{attempt_span_id, AttemptIds};
 use pgflow_runtime::{flow, Client, StepContext, StepError, Worker};
 use sqlx::postgres::PgPoolOptions;
-use tracing::Instrument;
 use tracing::instrument::WithSubscriber;
+use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 use uuid::Uuid;
@@ -25,7 +25,8 @@ use crate::{spawn, stop, LIMIT};
 
 /// Both map tasks wait here until the other one runs: with one task per worker at a time, they run on
 /// different workers.
-static BOTH_RUNNING: LazyLock<tokio::sync::Barrier> = LazyLock::new(|| tokio::sync::Barrier::new(2));
+static BOTH_RUNNING: LazyLock<tokio::sync::Barrier> =
+    LazyLock::new(|| tokio::sync::Barrier::new(2));
 
 #[flow(slug = "tracedFlow", input = Vec<i64>, max_attempts = 3, base_delay = 0)]
 mod traced {
@@ -87,7 +88,9 @@ fn attempts(run: Uuid) -> Vec<SpanData> {
         .get_finished_spans()
         .unwrap()
         .into_iter()
-        .filter(|s| s.name == "pgflow.task" && attr(s, "pgflow.run_id") == Some(run.to_string().into()))
+        .filter(|s| {
+            s.name == "pgflow.task" && attr(s, "pgflow.run_id") == Some(run.to_string().into())
+        })
         .collect();
     spans.sort_by_key(|s| {
         (
@@ -112,8 +115,14 @@ async fn a_run_is_one_trace_across_two_workers_with_one_span_per_attempt_and_lin
     let one_at_a_time = |b: pgflow_runtime::worker::WorkerBuilder<_>| {
         b.max_concurrent(1).batch_size(1).max_unrecorded(1)
     };
-    let a = spawn(one_at_a_time(Worker::<traced::Traced>::builder(pool_a.clone()))).await;
-    let b = spawn(one_at_a_time(Worker::<traced::Traced>::builder(pool_b.clone()))).await;
+    let a = spawn(one_at_a_time(Worker::<traced::Traced>::builder(
+        pool_a.clone(),
+    )))
+    .await;
+    let b = spawn(one_at_a_time(Worker::<traced::Traced>::builder(
+        pool_b.clone(),
+    )))
+    .await;
     let (a_id, b_id) = (a.id(), b.id());
 
     // No current span: the run gets a new root span `pgflow.run`.
@@ -142,7 +151,11 @@ async fn a_run_is_one_trace_across_two_workers_with_one_span_per_attempt_and_lin
         .expect("the run's root span");
     for s in &spans {
         assert_eq!(s.span_context.trace_id(), trace_id, "one trace per run");
-        assert_eq!(s.parent_span_id, root.span_context.span_id(), "children of the run's context");
+        assert_eq!(
+            s.parent_span_id,
+            root.span_context.span_id(),
+            "children of the run's context"
+        );
         assert_eq!(attr(s, "pgflow.flow"), Some("tracedFlow".into()));
     }
     let workers: BTreeSet<String> = spans
@@ -150,16 +163,27 @@ async fn a_run_is_one_trace_across_two_workers_with_one_span_per_attempt_and_lin
         .filter(|s| attr(s, "pgflow.step") == Some("pair".into()))
         .map(|s| attr(s, "pgflow.worker_id").unwrap().to_string())
         .collect();
-    assert_eq!(workers, BTreeSet::from([a_id.to_string(), b_id.to_string()]), "tasks ran on both workers");
+    assert_eq!(
+        workers,
+        BTreeSet::from([a_id.to_string(), b_id.to_string()]),
+        "tasks ran on both workers"
+    );
 
     // The retry links to the attempt before it.
     let (first, second) = (&spans[2], &spans[3]);
     assert_eq!(attr(first, "pgflow.attempt"), Some(OtelValue::I64(1)));
     assert_eq!(attr(second, "pgflow.attempt"), Some(OtelValue::I64(2)));
     assert!(first.links.is_empty());
-    let linked: Vec<SpanId> = second.links.iter().map(|l| l.span_context.span_id()).collect();
+    let linked: Vec<SpanId> = second
+        .links
+        .iter()
+        .map(|l| l.span_context.span_id())
+        .collect();
     assert_eq!(linked, [first.span_context.span_id()]);
-    assert_eq!(first.span_context.span_id(), attempt_span_id(run.run_id(), "total", 0, 1));
+    assert_eq!(
+        first.span_context.span_id(),
+        attempt_span_id(run.run_id(), "total", 0, 1)
+    );
 }
 
 #[tokio::test]
@@ -190,5 +214,8 @@ async fn a_run_started_inside_a_traced_span_continues_the_callers_trace() {
     assert_eq!(spans.len(), 1, "{spans:#?}");
     assert_eq!(spans[0].span_context.trace_id(), caller.trace_id());
     assert_eq!(spans[0].parent_span_id, caller.span_id());
-    assert_eq!(attr(&spans[0], "pgflow.task_index"), Some(OtelValue::I64(0)));
+    assert_eq!(
+        attr(&spans[0], "pgflow.task_index"),
+        Some(OtelValue::I64(0))
+    );
 }

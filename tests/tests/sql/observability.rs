@@ -133,7 +133,10 @@ async fn an_unsupported_batch_is_logged_as_an_unsupported_stop() {
     .await
     .unwrap();
     assert_eq!(stops.len(), 1);
-    assert_eq!((stops[0].0.as_str(), stops[0].1, stops[0].2.as_str()), ("claim", Some(worker), "obs"));
+    assert_eq!(
+        (stops[0].0.as_str(), stops[0].1, stops[0].2.as_str()),
+        ("claim", Some(worker), "obs")
+    );
     assert_eq!(stops[0].3["unsupported_msg_ids"], json!(msgs));
 }
 
@@ -144,7 +147,11 @@ async fn fences_and_alias_activations_name_who_caused_them() {
     setup(pool).await;
     compile(pool, "obs_v2", &roots(&["work"]), "flow").await;
 
-    exec(pool, "select pgflow.disable_worker_function('obs-worker', 'deploying')").await;
+    exec(
+        pool,
+        "select pgflow.disable_worker_function('obs-worker', 'deploying')",
+    )
+    .await;
     exec(pool, "select pgflow.enable_worker_function('obs-worker')").await;
     // A worker's own disable names it (pgflow-rs workers set pgflow.cause in the same statement).
     exec(
@@ -264,7 +271,10 @@ async fn a_permanently_stalled_task_is_logged_and_retention_prunes_old_events() 
     exec(pool, "select pgflow.requeue_stalled_tasks()").await;
     let stalled = events(pool, "task_stalled_permanently").await;
     assert_eq!(stalled.len(), 1, "{stalled:?}");
-    assert_eq!((stalled[0].0.as_str(), stalled[0].1), ("maintenance", Some(run)));
+    assert_eq!(
+        (stalled[0].0.as_str(), stalled[0].1),
+        ("maintenance", Some(run))
+    );
 
     // Retention: events older than the interval go, newer ones stay.
     exec(pool, "select pgflow._log_event('custom_kind', 'test')").await;
@@ -298,19 +308,21 @@ async fn the_trace_context_setting_is_stored_with_the_run_and_returned_by_the_cl
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let stored: Option<Value> = sqlx::query_scalar("select trace_context from pgflow.runs where run_id = $1")
-        .bind(run)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let stored: Option<Value> =
+        sqlx::query_scalar("select trace_context from pgflow.runs where run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(stored, Some(ctx.clone()));
     // Without the setting: no context.
     let plain = start(pool, "obs", json!({})).await;
-    let stored: Option<Value> = sqlx::query_scalar("select trace_context from pgflow.runs where run_id = $1")
-        .bind(plain)
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let stored: Option<Value> =
+        sqlx::query_scalar("select trace_context from pgflow.runs where run_id = $1")
+            .bind(plain)
+            .fetch_one(pool)
+            .await
+            .unwrap();
     assert_eq!(stored, None);
 
     let msgs = read(pool, "obs", 10).await;
@@ -340,7 +352,10 @@ async fn the_trace_context_setting_is_stored_with_the_run_and_returned_by_the_cl
         .await
         .unwrap_err();
     let db_err = err.as_database_error().unwrap();
-    assert_eq!(db_err.code().as_deref(), Some(SqlState::InvalidParameterValue.code()));
+    assert_eq!(
+        db_err.code().as_deref(),
+        Some(SqlState::InvalidParameterValue.code())
+    );
     assert!(db_err.message().contains("pgflow.trace_context"), "{err}");
     drop(tx);
     let runs: i64 = sqlx::query_scalar("select count(*) from pgflow.runs")
@@ -355,10 +370,11 @@ async fn queue_stats_reports_depth_visibility_and_the_oldest_message_age() {
     let db = test_db().await;
     let pool = db.pool();
     let worker = setup(pool).await;
-    let empty: Vec<(String, i64, i64, Option<f64>)> = sqlx::query_as("select * from pgflow.queue_stats()")
-        .fetch_all(pool)
-        .await
-        .unwrap();
+    let empty: Vec<(String, i64, i64, Option<f64>)> =
+        sqlx::query_as("select * from pgflow.queue_stats()")
+            .fetch_all(pool)
+            .await
+            .unwrap();
     assert_eq!(empty, [("obs".to_owned(), 0, 0, None)]);
     for _ in 0..3 {
         start(pool, "obs", json!({})).await;
