@@ -312,6 +312,9 @@ begin
 end;
 $$;
 
+-- Nothing here is PUBLIC's: queue_stats is granted to the worker and client roles (12_privileges.sql).
+revoke execute on all functions in schema pgflow from public;
+
 create or replace function pgflow._claim_tasks(queue_name text, msg_ids bigint[], worker_id uuid, flow_slugs text[], step_slugs text[], read_vt integer)
 returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
 language plpgsql

@@ -302,3 +302,6 @@ begin
   end loop;
 end;
 $$;
+
+-- Nothing here is PUBLIC's: queue_stats is granted to the worker and client roles (12_privileges.sql).
+revoke execute on all functions in schema pgflow from public;
