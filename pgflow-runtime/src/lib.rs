@@ -65,6 +65,7 @@ mod decode;
 pub mod deployments;
 mod error;
 pub mod flows;
+pub mod observability;
 pub mod pooling;
 mod statements;
 pub mod step_queued;

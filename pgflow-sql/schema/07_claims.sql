@@ -44,6 +44,7 @@
 --                                          task FOR UPDATE; then as _fail_task
 --   release_worker_tasks                   the worker's messages (per queue, message order), then tasks
 --   requeue_stalled_tasks                  messages skip, tasks skip; tasks whose message is gone: skip
+--   queue_stats                            none (counts each queue's messages without locking)
 --   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
 --                                          _fail_task; others: messages skip, tasks skip
 --   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
@@ -232,6 +233,8 @@ begin
     $q$, v_table)
     into v_report
     using v_unsupported_ids, v_queue, v_ids, _claim_tasks.flow_slugs, _claim_tasks.step_slugs;
+    perform pgflow._log_event('unsupported_stop', 'claim', worker_id => _claim_tasks.worker_id,
+                              queue_name => v_queue, detail => v_report);
 
     return query select 'unsupported'::text, null::bigint, null::text, null::uuid, null::text, null::int,
                         null::jsonb, null::jsonb, null::int, null::int, v_report;
@@ -280,11 +283,14 @@ begin
   if v_archive_ids is not null then
     perform pgflow._queue_op(v_queue, 'archive', v_archive_ids);
   end if;
+  if v_defer_ids is not null then
+    perform pgflow._log_deferred_reads(v_queue, v_defer_ids, _claim_tasks.worker_id);
+  end if;
 
   if v_claim_ids is not null then
     return query
     select 'claimed'::text, c.msg_id, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input,
-           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), null::jsonb
+           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), r.trace_context
     from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
            with ordinality as c(run_id, step_slug, task_index, msg_id, ord)
     join pgflow.step_tasks t on t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
@@ -329,7 +335,8 @@ $$;
 -- Returns rows, so a worker decodes no document:
 --   outcome 'claimed'      one row per claimed task: msg_id, flow_slug, run_id, step_slug, task_index, input,
 --                          flow_input, attempts_count (the attempt this claim started: every result carries
---                          it, the fence), timeout (the effective step timeout in seconds); in msg_id order
+--                          it, the fence), timeout (the effective step timeout in seconds), report (the run's
+--                          trace context, NULL without one); in msg_id order
 --   outcome 'deferred' | 'archived' | 'waiting'   one row per such message (msg_id only)
 --   outcome 'unsupported'  exactly one row, report = {"queue_name", "msg_ids" (the whole batch, visible again),
 --                          "unsupported_msg_ids", "flows", "steps", "messages": [{"msg_id", "reason",

@@ -43,7 +43,8 @@ as $$
     'pgflow.requeue_stalled_tasks()',
     'pgflow.requeue_dead_worker_tasks(interval)',
     'pgflow.run_maintenance(interval,interval,integer)',
-    'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])'
+    'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])',
+    'pgflow.queue_stats()'
   ]
 $$;
 
@@ -67,7 +68,8 @@ as $$
     'pgflow.cancel_run(uuid,text)',
     'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer)',
     'pgflow.retry_run(uuid,text)',
-    'pgflow.replay_run(uuid,text)'
+    'pgflow.replay_run(uuid,text)',
+    'pgflow.queue_stats()'
   ]
 $$;
 

@@ -30,6 +30,8 @@ mod sustained;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +93,9 @@ struct Args {
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
     profile: bool,
+    /// Metrics and tracing on: a Prometheus recorder (rendered, not served) and an OpenTelemetry tracer
+    /// provider whose spans go to a `tracing-opentelemetry` layer and are then dropped.
+    observability: bool,
     /// Finished tasks the history scenario grows.
     history_tasks: u64,
     /// Concurrency levels of the history scenario's drains.
@@ -130,6 +135,7 @@ impl Args {
             latency_starts: vec![Starts::Set],
             only: Vec::new(),
             profile: false,
+            observability: false,
             history_tasks: 1_000_000,
             history_ks: vec![4, 16],
             history_repeat: 2,
@@ -195,9 +201,10 @@ impl Args {
                 }
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
+                "--observability" => args.observability = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,diamond,map10] [--profile] [--observability]"
                             .into(),
                     )
                 }
@@ -347,12 +354,22 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let provider = args.observability.then(observability_on);
+    let otel = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer().with_tracer(p.tracer("bench"))
+    });
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(filter)
+        .with(fmt)
         .init();
+    if provider.is_some() {
+        eprintln!("observability: metrics (Prometheus recorder) and tracing (OpenTelemetry) on");
+    }
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -362,13 +379,34 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Installs a Prometheus recorder (not served: the bench measures recording, not scraping) and an
+/// OpenTelemetry tracer provider (global) that samples every span and drops it at the end.
+fn observability_on() -> opentelemetry_sdk::trace::SdkTracerProvider {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the metrics recorder installs");
+    pgflow_runtime::observability::describe();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_id_generator(pgflow_runtime::observability::otel::AttemptIds::default())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    provider
+}
+
 /// How far the batched floor measured again after the latency runs may move from the first measurement
 /// for the run to count as quiet.
 const QUIET_WITHIN: f64 = 0.15;
 
 async fn run(args: &Args) -> Result<(), BenchError> {
     let started = Instant::now();
-    let db = BenchDb::open(args.profile).await?;
+    // With --observability every run is started in one trace (a root span made here), so every task attempt
+    // is a span, as with a client that starts runs inside traced requests.
+    let trace_context = args
+        .observability
+        .then(|| pgflow_runtime::observability::otel::start_context("bench"))
+        .flatten()
+        .map(|v| v.to_string());
+    let db = BenchDb::open(args.profile, trace_context.as_deref()).await?;
     eprintln!("server: {}", db.server_version);
     eprintln!("settings: {}", db.settings);
     let mut rows: Vec<Row> = Vec::new();

@@ -11,7 +11,7 @@
 mod answers;
 mod background;
 mod batch;
-mod claim;
+pub(crate) mod claim;
 mod connect;
 mod drive;
 mod error;

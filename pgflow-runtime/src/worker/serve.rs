@@ -1,6 +1,7 @@
 //! The worker's life after startup: the background duties, the driver (claims, handlers, results and
 //! the stop, see `drive.rs`), handing back what is left, and the report.
 
+use crate::observability::worker::WorkerMetrics;
 use crate::pooling::run;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -143,7 +144,14 @@ fn driver(
 ) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
     let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
+    let (flow_slugs, step_slugs) = registry.pairs();
+    let metrics = Arc::new(WorkerMetrics::new(
+        &registry.queue,
+        &flow_slugs,
+        &step_slugs,
+    ));
     let recorder = Arc::new(Recorder {
+        metrics: Arc::clone(&metrics),
         pool: pool.clone(),
         worker_id,
         backoff_max: config.poll_error_backoff_max,
@@ -161,8 +169,10 @@ fn driver(
         pending,
         pooled: config.pooling.is_transaction(),
         revocations,
+        metrics,
+        #[cfg(feature = "otel")]
+        worker_id,
     });
-    let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Arc::new(Claimer {
         queue: registry.queue.clone(),
         flow_slugs,

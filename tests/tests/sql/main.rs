@@ -18,6 +18,7 @@ mod hardening;
 mod hot_paths;
 mod lock_order;
 mod maintenance;
+mod observability;
 mod privileges;
 mod queue_identity;
 mod queue_names;
