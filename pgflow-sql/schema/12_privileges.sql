@@ -42,7 +42,10 @@ as $$
     'pgflow.release_worker_tasks(uuid)',
     'pgflow.requeue_stalled_tasks()',
     'pgflow.requeue_dead_worker_tasks(interval)',
-    'pgflow.run_maintenance(interval,interval,integer)'
+    'pgflow.run_maintenance(interval,interval,integer)',
+    'pgflow.set_schedule(text,text,text,text,jsonb,text,integer,text,timestamp with time zone)',
+    'pgflow.due_schedules(timestamp with time zone,integer)',
+    'pgflow.fire_schedule(text,timestamp with time zone,timestamp with time zone[],timestamp with time zone,text)'
   ]
 $$;
 

@@ -218,6 +218,15 @@ impl<K, C> WorkerBuilder<K, C> {
         compilation: Compilation,
         /// Install or upgrade the schema at startup (default `false`).
         auto_install: bool,
+        /// How often to fire due schedules, `None` to leave them to other workers (default 1 s).
+        schedule_interval: Option<Duration>,
+    }
+
+    /// Declares a schedule: stored (or updated) at startup, before the worker claims anything; an invalid
+    /// one fails startup with [`WorkerError::Schedule`].
+    pub fn schedule(mut self, schedule: crate::schedules::Schedule) -> Self {
+        self.config.schedules.push(schedule);
+        self
     }
 
     /// The worker function (`pgflow.worker_functions.function_name`); default: the queue name.

@@ -42,6 +42,9 @@ pub(crate) async fn prepare(
     worker_id: Uuid,
 ) -> Result<Ready, WorkerError> {
     let prepared = startup::prepare(&pool, &registry, &config, worker_id).await?;
+    for schedule in &config.schedules {
+        schedule.set(&pool).await?;
+    }
     let deployments: Vec<String> = prepared
         .deployments
         .iter()
@@ -245,6 +248,13 @@ fn spawn_background(
         own.clone(),
         done.clone(),
     )));
+    if let Some(interval) = config.schedule_interval {
+        handles.push(tokio::spawn(crate::schedules::tick(
+            pool.clone(),
+            interval,
+            done.clone(),
+        )));
+    }
     if let Some(interval) = config.maintenance_interval {
         handles.push(tokio::spawn(background::maintain(
             pool.clone(),

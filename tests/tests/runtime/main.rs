@@ -5,12 +5,14 @@
 mod client;
 mod compat;
 mod failures;
+mod flow_control;
 mod flows;
 mod queue_workers;
 mod reliability;
 mod retention;
 mod rollout;
 mod shutdown;
+mod schedules;
 mod steps;
 mod support;
 mod zero_config;
