@@ -56,7 +56,10 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
         syn::Error::new(Span::call_site(), "`#[schedule]` needs `flow = FlowType`")
     })?;
     let cron = a.cron.ok_or_else(|| {
-        syn::Error::new(Span::call_site(), "`#[schedule]` needs `cron = \"...\"`, e.g. `cron = \"0 3 * * *\"`")
+        syn::Error::new(
+            Span::call_site(),
+            "`#[schedule]` needs `cron = \"...\"`, e.g. `cron = \"0 3 * * *\"`",
+        )
     })?;
     if let Err(e) = croner::Cron::new(cron.value().trim())
         .with_seconds_optional()
@@ -70,13 +73,18 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             ),
         ));
     }
-    let krate: Path = a.krate.unwrap_or_else(|| syn::parse_quote!(::pgflow_runtime));
+    let krate: Path = a
+        .krate
+        .unwrap_or_else(|| syn::parse_quote!(::pgflow_runtime));
     let missed = match &a.catch_up {
         None => quote!(),
         Some(n) => {
             let v: u32 = n.base10_parse()?;
             if !(1..=1000).contains(&v) {
-                return Err(syn::Error::new(n.span(), "`catch_up` is 1 to 1000 missed fires"));
+                return Err(syn::Error::new(
+                    n.span(),
+                    "`catch_up` is 1 to 1000 missed fires",
+                ));
             }
             quote!(.missed(#krate::schedules::Missed::CatchUp(#n)))
         }
@@ -85,11 +93,18 @@ fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
         None => quote!(),
         Some(o) if o.value() == "allow" => quote!(.overlap(#krate::schedules::Overlap::Allow)),
         Some(o) if o.value() == "skip" => quote!(.overlap(#krate::schedules::Overlap::Skip)),
-        Some(o) => return Err(syn::Error::new(o.span(), "`overlap` is \"allow\" or \"skip\"")),
+        Some(o) => {
+            return Err(syn::Error::new(
+                o.span(),
+                "`overlap` is \"allow\" or \"skip\"",
+            ))
+        }
     };
     let time_zone = a.time_zone.map(|tz| quote!(.time_zone(#tz)));
     let ident = &f.sig.ident;
-    let name = a.name.unwrap_or_else(|| LitStr::new(&ident.to_string(), ident.span()));
+    let name = a
+        .name
+        .unwrap_or_else(|| LitStr::new(&ident.to_string(), ident.span()));
     let vis = &f.vis;
     let attrs = &f.attrs;
     let block = &f.block;

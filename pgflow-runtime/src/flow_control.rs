@@ -92,7 +92,11 @@ pub async fn set_key_limit(
 /// # Errors
 ///
 /// A database error.
-pub async fn clear_key_limit(pool: &PgPool, flow_slug: &str, step: &str) -> Result<bool, sqlx::Error> {
+pub async fn clear_key_limit(
+    pool: &PgPool,
+    flow_slug: &str,
+    step: &str,
+) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("select pgflow.clear_key_limit(flow_slug => $1, step_slug => $2)")
         .bind(flow_slug)
         .bind(step)

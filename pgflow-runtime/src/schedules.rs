@@ -198,7 +198,11 @@ impl Schedule {
 
     /// A schedule of flow `F` (by its slug) with a typed input (an input that does not serialize is
     /// reported by [`validate`](Self::validate)).
-    pub fn for_flow<F: Flow>(name: impl Into<String>, cron: impl Into<String>, input: &F::Input) -> Self {
+    pub fn for_flow<F: Flow>(
+        name: impl Into<String>,
+        cron: impl Into<String>,
+        input: &F::Input,
+    ) -> Self {
         let mut s = Schedule::new(name, F::SLUG, cron);
         match serde_json::to_value(input) {
             Ok(v) => s.input = v,
@@ -267,7 +271,10 @@ impl Schedule {
     /// # Errors
     ///
     /// As [`validate`](Self::validate).
-    pub fn next_fire_after(&self, t: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, ScheduleError> {
+    pub fn next_fire_after(
+        &self,
+        t: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>, ScheduleError> {
         Ok(When::parse(&self.name, &self.cron, &self.time_zone)?.next_after(t))
     }
 
@@ -416,7 +423,10 @@ pub async fn fire_due(pool: &PgPool, now: DateTime<Utc>) -> Result<Vec<Fired>, s
                     None => (
                         Vec::new(),
                         None,
-                        Some(format!("cron expression \"{}\" has no next fire time", d.cron)),
+                        Some(format!(
+                            "cron expression \"{}\" has no next fire time",
+                            d.cron
+                        )),
                     ),
                 }
             }

@@ -14,7 +14,12 @@ use pgflow_tests::deployed::scheduled_ticks::ScheduledTicks;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["ticks", cron] => {
             Worker::<ScheduledTicks>::builder_from_env()
                 .schedule(Schedule::for_flow::<ScheduledTicks>("ticks", *cron, &7))

@@ -32,7 +32,11 @@ async fn stop(child: Child) {
         .await
         .expect("the worker stops in time after SIGTERM")
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// Starts both workers and waits until they compiled the flow and registered.
@@ -51,10 +55,11 @@ async fn workers(db: &pgflow_tests::TestDb) -> (Child, Child, String) {
             == 2
     })
     .await;
-    let queue: String = sqlx::query_scalar("select queue_name from pgflow.steps where flow_slug = 'limitedWork'")
-        .fetch_one(pool)
-        .await
-        .unwrap();
+    let queue: String =
+        sqlx::query_scalar("select queue_name from pgflow.steps where flow_slug = 'limitedWork'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
     (a, b, queue)
 }
 
@@ -94,7 +99,10 @@ async fn calls(pool: &PgPool) -> Vec<(String, DateTime<Utc>, DateTime<Utc>)> {
 
 /// The most calls running at once (of `tenant`, or of all).
 fn most_at_once(calls: &[(String, DateTime<Utc>, DateTime<Utc>)], tenant: Option<&str>) -> usize {
-    let mine: Vec<_> = calls.iter().filter(|c| tenant.is_none_or(|t| c.0 == t)).collect();
+    let mine: Vec<_> = calls
+        .iter()
+        .filter(|c| tenant.is_none_or(|t| c.0 == t))
+        .collect();
     mine.iter()
         .map(|c| mine.iter().filter(|o| o.1 <= c.1 && c.1 < o.2).count())
         .max()
@@ -106,8 +114,12 @@ async fn queue_and_key_limits_hold_across_two_worker_processes() {
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
     let (a, b, queue) = workers(&db).await;
-    flow_control::set_queue_limit(pool, &queue, Some(3), None).await.unwrap();
-    flow_control::set_key_limit(pool, "limitedWork", "work", &["tenant"], 2).await.unwrap();
+    flow_control::set_queue_limit(pool, &queue, Some(3), None)
+        .await
+        .unwrap();
+    flow_control::set_key_limit(pool, "limitedWork", "work", &["tenant"], 2)
+        .await
+        .unwrap();
 
     let mut tenants = vec!["a"; 30];
     tenants.extend(["b"; 6]);
@@ -120,8 +132,14 @@ async fn queue_and_key_limits_hold_across_two_worker_processes() {
     let calls = calls(pool).await;
     assert_eq!(calls.len(), 42);
     let overall = most_at_once(&calls, None);
-    assert!(overall <= 3, "{overall} tasks of the queue ran at once (limit 3)");
-    assert!(overall >= 2, "the limit admits more than one at once ({overall})");
+    assert!(
+        overall <= 3,
+        "{overall} tasks of the queue ran at once (limit 3)"
+    );
+    assert!(
+        overall >= 2,
+        "the limit admits more than one at once ({overall})"
+    );
     for t in ["a", "b", "c"] {
         let n = most_at_once(&calls, Some(t));
         assert!(n <= 2, "{n} tasks of tenant {t} ran at once (limit 2)");

@@ -61,7 +61,10 @@ async fn two_worker_processes_firing_one_schedule_for_two_minutes_start_one_run_
     .await;
     let first = fires(pool).await[0].0;
     pgflow_tests::wait_until(Duration::from_secs(180), "two minutes of fires", || async {
-        fires(pool).await.last().is_some_and(|(t, _)| *t >= first + chrono::Duration::seconds(120))
+        fires(pool)
+            .await
+            .last()
+            .is_some_and(|(t, _)| *t >= first + chrono::Duration::seconds(120))
     })
     .await;
     stop(a).await;
@@ -70,13 +73,18 @@ async fn two_worker_processes_firing_one_schedule_for_two_minutes_start_one_run_
     let fires = fires(pool).await;
     assert!(fires.len() >= 61, "{} fires", fires.len());
     for pair in fires.windows(2) {
-        assert_eq!(pair[1].0 - pair[0].0, chrono::Duration::seconds(2), "a fire time missed: {pair:?}");
+        assert_eq!(
+            pair[1].0 - pair[0].0,
+            chrono::Duration::seconds(2),
+            "a fire time missed: {pair:?}"
+        );
     }
-    let runs: Vec<(uuid::Uuid, String, serde_json::Value)> =
-        sqlx::query_as("select run_id, status, input from pgflow.runs where flow_slug = 'scheduledTicks'")
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    let runs: Vec<(uuid::Uuid, String, serde_json::Value)> = sqlx::query_as(
+        "select run_id, status, input from pgflow.runs where flow_slug = 'scheduledTicks'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
     assert_eq!(runs.len(), fires.len(), "one run per fire time, no more");
     let ids: std::collections::HashSet<_> = fires.iter().map(|f| f.1.expect("started")).collect();
     assert_eq!(ids.len(), fires.len());
@@ -84,8 +92,15 @@ async fn two_worker_processes_firing_one_schedule_for_two_minutes_start_one_run_
         assert!(ids.contains(run_id));
         assert_eq!(input, &serde_json::json!(7));
         // The last fires may still be running when the workers stop (handed back, queued again).
-        assert!(["completed", "started"].contains(&status.as_str()), "{status}");
+        assert!(
+            ["completed", "started"].contains(&status.as_str()),
+            "{status}"
+        );
     }
     let completed = runs.iter().filter(|r| r.1 == "completed").count();
-    assert!(completed + 2 >= runs.len(), "{completed} of {} completed", runs.len());
+    assert!(
+        completed + 2 >= runs.len(),
+        "{completed} of {} completed",
+        runs.len()
+    );
 }

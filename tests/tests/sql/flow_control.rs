@@ -41,10 +41,12 @@ async fn start_tenants(pool: &PgPool, tenants: &[&str]) -> Vec<Uuid> {
 }
 
 async fn started(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("select count(*) from pgflow.step_tasks where flow_slug = 'limited' and status = 'started'")
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "select count(*) from pgflow.step_tasks where flow_slug = 'limited' and status = 'started'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 async fn attempts(pool: &PgPool) -> i64 {
@@ -60,14 +62,46 @@ async fn bad_limits_get_a_clear_error_and_create_nothing() {
     let pool = db.pool();
     flow(pool).await;
     for (sql, code, text) in [
-        ("select pgflow.set_queue_limit('limited', 0)", SqlState::InvalidParameterValue, "max_started must be at least 1, got 0"),
-        ("select pgflow.set_queue_limit('limited', rate_limit => -5, rate_period => '1 minute')", SqlState::InvalidParameterValue, "rate_limit must be at least 1 start per period, got -5"),
-        ("select pgflow.set_queue_limit('limited', rate_limit => 5, rate_period => '-1 minute')", SqlState::InvalidParameterValue, "a positive rate_period"),
-        ("select pgflow.set_queue_limit('limited', rate_limit => 5)", SqlState::InvalidParameterValue, "a rate needs both"),
-        ("select pgflow.set_queue_limit('nosuchqueue', 3)", SqlState::UndefinedObject, "queue \"nosuchqueue\" is not a queue pgflow routes tasks to"),
-        ("select pgflow.set_key_limit('limited', 'nope', '{tenant}', 2)", SqlState::UndefinedObject, "flow \"limited\" has no step \"nope\""),
-        ("select pgflow.set_key_limit('limited', 'work', '{tenant}', 0)", SqlState::InvalidParameterValue, "max_per_key must be at least 1, got 0"),
-        ("select pgflow.set_key_limit('limited', 'work', '{}', 2)", SqlState::InvalidParameterValue, "key_path is empty"),
+        (
+            "select pgflow.set_queue_limit('limited', 0)",
+            SqlState::InvalidParameterValue,
+            "max_started must be at least 1, got 0",
+        ),
+        (
+            "select pgflow.set_queue_limit('limited', rate_limit => -5, rate_period => '1 minute')",
+            SqlState::InvalidParameterValue,
+            "rate_limit must be at least 1 start per period, got -5",
+        ),
+        (
+            "select pgflow.set_queue_limit('limited', rate_limit => 5, rate_period => '-1 minute')",
+            SqlState::InvalidParameterValue,
+            "a positive rate_period",
+        ),
+        (
+            "select pgflow.set_queue_limit('limited', rate_limit => 5)",
+            SqlState::InvalidParameterValue,
+            "a rate needs both",
+        ),
+        (
+            "select pgflow.set_queue_limit('nosuchqueue', 3)",
+            SqlState::UndefinedObject,
+            "queue \"nosuchqueue\" is not a queue pgflow routes tasks to",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'nope', '{tenant}', 2)",
+            SqlState::UndefinedObject,
+            "flow \"limited\" has no step \"nope\"",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', 0)",
+            SqlState::InvalidParameterValue,
+            "max_per_key must be at least 1, got 0",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{}', 2)",
+            SqlState::InvalidParameterValue,
+            "key_path is empty",
+        ),
     ] {
         let err = sqlx::query(sql).execute(pool).await.unwrap_err();
         assert_eq!(SqlState::of(&err), Some(code), "{sql}: {err}");
@@ -117,7 +151,11 @@ async fn a_key_limit_bounds_each_key_without_blocking_the_others() {
     let db = test_db().await;
     let pool = db.pool();
     flow(pool).await;
-    exec(pool, "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2)").await;
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2)",
+    )
+    .await;
     // A backlog of tenant A, then one task of tenant B and one of C behind it.
     let mut tenants = vec!["a"; 200];
     tenants.push("b");
@@ -139,7 +177,11 @@ async fn a_key_limit_bounds_each_key_without_blocking_the_others() {
     .unwrap();
     assert_eq!(
         per_tenant,
-        vec![("a".to_owned(), 2), ("b".to_owned(), 1), ("c".to_owned(), 1)]
+        vec![
+            ("a".to_owned(), 2),
+            ("b".to_owned(), 1),
+            ("c".to_owned(), 1)
+        ]
     );
     assert_eq!(attempts(pool).await, 4);
 
@@ -162,14 +204,22 @@ async fn a_rate_limit_admits_at_most_its_tokens_and_refills() {
     let db = test_db().await;
     let pool = db.pool();
     flow(pool).await;
-    exec(pool, "select pgflow.set_queue_limit('limited', rate_limit => 4, rate_period => '1 hour')").await;
+    exec(
+        pool,
+        "select pgflow.set_queue_limit('limited', rate_limit => 4, rate_period => '1 hour')",
+    )
+    .await;
     start_tenants(pool, &["a"; 10]).await;
     assert_eq!(read_and_claim(pool, 10).await.len(), 4);
     make_visible(pool, "limited").await;
     assert!(read_and_claim(pool, 10).await.is_empty(), "no token left");
     assert_eq!(attempts(pool).await, 4);
     // An hour later the bucket is full again (4 tokens, not 8: it holds at most rate_limit).
-    exec(pool, "update pgflow.queue_limits set refilled_at = refilled_at - interval '2 hours'").await;
+    exec(
+        pool,
+        "update pgflow.queue_limits set refilled_at = refilled_at - interval '2 hours'",
+    )
+    .await;
     make_visible(pool, "limited").await;
     assert_eq!(read_and_claim(pool, 10).await.len(), 4);
 }

@@ -27,11 +27,23 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 }
 
 async fn runs(pool: &PgPool) -> i64 {
-    count(pool, "select count(*) from pgflow.runs where flow_slug = 'nightly'").await
+    count(
+        pool,
+        "select count(*) from pgflow.runs where flow_slug = 'nightly'",
+    )
+    .await
 }
 
 /// Stores `name` on `cron` with its next fire at `next`.
-async fn set(pool: &PgPool, name: &str, cron: &str, missed: &str, catch_up: i32, overlap: &str, next: DateTime<Utc>) {
+async fn set(
+    pool: &PgPool,
+    name: &str,
+    cron: &str,
+    missed: &str,
+    catch_up: i32,
+    overlap: &str,
+    next: DateTime<Utc>,
+) {
     sqlx::query(
         "select 1 from pgflow.set_schedule($1, 'nightly', $2, 'UTC', '{\"n\": 1}', $3, $4, $5, $6)",
     )
@@ -102,7 +114,10 @@ async fn bad_schedules_get_a_clear_error_and_create_nothing() {
         assert_eq!(SqlState::of(&err), Some(code), "{sql}: {db_err}");
         assert!(db_err.message().contains(quoted), "{sql}: {}", db_err.message());
     }
-    assert_eq!(count(pool, "select count(*) from pgflow.schedules").await, 0);
+    assert_eq!(
+        count(pool, "select count(*) from pgflow.schedules").await,
+        0
+    );
 
     // The Rust API refuses what the cron parser refuses, quoting it, before the database is touched.
     let bad = Schedule::new("s", "nightly", "61 * * * *");
@@ -113,17 +128,26 @@ async fn bad_schedules_get_a_clear_error_and_create_nothing() {
         .missed(Missed::CatchUp(0))
         .validate()
         .unwrap_err();
-    assert!(matches!(err, ScheduleError::InvalidCatchUp { given: 0, .. }), "{err}");
+    assert!(
+        matches!(err, ScheduleError::InvalidCatchUp { given: 0, .. }),
+        "{err}"
+    );
     let err = Schedule::new("s", "nightly", "0 3 * * *")
         .time_zone("Nowhere/Special")
         .set(pool)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("\"Nowhere/Special\""), "{err}");
-    let err = Schedule::new("s", "noSuchFlow", "0 3 * * *").set(pool).await.unwrap_err();
+    let err = Schedule::new("s", "noSuchFlow", "0 3 * * *")
+        .set(pool)
+        .await
+        .unwrap_err();
     assert!(matches!(err, ScheduleError::Database { .. }), "{err}");
     assert!(err.to_string().contains("noSuchFlow"), "{err}");
-    assert_eq!(count(pool, "select count(*) from pgflow.schedules").await, 0);
+    assert_eq!(
+        count(pool, "select count(*) from pgflow.schedules").await,
+        0
+    );
 }
 
 #[tokio::test]
@@ -138,11 +162,29 @@ async fn a_schedule_set_in_rust_is_stored_with_its_next_fire_and_stays_put_when_
     let first = next_fire(pool, "by-alias").await.expect("a next fire time");
     assert_eq!(Some(first), s.next_fire_after(Utc::now()).unwrap());
     // 03:00 in Paris is 01:00 or 02:00 UTC, depending on daylight saving.
-    assert!(matches!(first.format("%H:%M").to_string().as_str(), "01:00" | "02:00"), "{first}");
+    assert!(
+        matches!(
+            first.format("%H:%M").to_string().as_str(),
+            "01:00" | "02:00"
+        ),
+        "{first}"
+    );
 
-    exec(pool, "update pgflow.schedules set next_fire_at = '2030-01-01 02:00+00'").await;
-    s.clone().input(serde_json::json!({"x": 1})).set(pool).await.unwrap();
-    assert_eq!(next_fire(pool, "by-alias").await, Some(at(2, 0, 0)), "same cron, same next fire");
+    exec(
+        pool,
+        "update pgflow.schedules set next_fire_at = '2030-01-01 02:00+00'",
+    )
+    .await;
+    s.clone()
+        .input(serde_json::json!({"x": 1}))
+        .set(pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_fire(pool, "by-alias").await,
+        Some(at(2, 0, 0)),
+        "same cron, same next fire"
+    );
 
     // A fire through the alias starts a run of the flow it points at.
     let fired = schedules::fire_due(pool, at(2, 0, 1)).await.unwrap();
@@ -160,7 +202,16 @@ async fn concurrent_firers_start_exactly_one_run_per_fire_time() {
     let db = test_db().await;
     let pool = db.pool();
     flow(pool).await;
-    set(pool, "every-minute", "* * * * *", "skip", 1, "allow", at(0, 1, 0)).await;
+    set(
+        pool,
+        "every-minute",
+        "* * * * *",
+        "skip",
+        1,
+        "allow",
+        at(0, 1, 0),
+    )
+    .await;
 
     // Eight callers fire the same due schedule at once, three minutes in a row.
     for minute in 1..=3 {
@@ -175,7 +226,11 @@ async fn concurrent_firers_start_exactly_one_run_per_fire_time() {
     }
     assert_eq!(runs(pool).await, 3);
     assert_eq!(
-        count(pool, "select count(distinct fire_at) from pgflow.schedule_fires where outcome = 'started'").await,
+        count(
+            pool,
+            "select count(distinct fire_at) from pgflow.schedule_fires where outcome = 'started'"
+        )
+        .await,
         3
     );
     assert_eq!(next_fire(pool, "every-minute").await, Some(at(0, 4, 0)));
@@ -212,8 +267,26 @@ async fn a_restart_after_downtime_follows_the_missed_fire_policy() {
     let pool = db.pool();
     flow(pool).await;
     // Hourly; the last fire before the downtime was due at 00:00, the workers come back at 05:30.
-    set(pool, "skipper", "0 * * * *", "skip", 1, "allow", at(0, 0, 0)).await;
-    set(pool, "catcher", "0 * * * *", "catch_up", 3, "allow", at(0, 0, 0)).await;
+    set(
+        pool,
+        "skipper",
+        "0 * * * *",
+        "skip",
+        1,
+        "allow",
+        at(0, 0, 0),
+    )
+    .await;
+    set(
+        pool,
+        "catcher",
+        "0 * * * *",
+        "catch_up",
+        3,
+        "allow",
+        at(0, 0, 0),
+    )
+    .await;
 
     let fired = schedules::fire_due(pool, at(5, 30, 0)).await.unwrap();
     let mut catcher: Vec<_> = fired
@@ -222,7 +295,11 @@ async fn a_restart_after_downtime_follows_the_missed_fire_policy() {
         .map(|f| f.fire_at)
         .collect();
     catcher.sort();
-    assert_eq!(catcher, vec![at(3, 0, 0), at(4, 0, 0), at(5, 0, 0)], "the 3 most recent");
+    assert_eq!(
+        catcher,
+        vec![at(3, 0, 0), at(4, 0, 0), at(5, 0, 0)],
+        "the 3 most recent"
+    );
     assert!(!fired.iter().any(|f| f.schedule == "skipper"), "{fired:?}");
     assert_eq!(runs(pool).await, 3);
     assert_eq!(next_fire(pool, "skipper").await, Some(at(6, 0, 0)));
@@ -239,8 +316,26 @@ async fn overlap_skip_records_a_skipped_fire_while_the_previous_run_is_running()
     let db = test_db().await;
     let pool = db.pool();
     flow(pool).await;
-    set(pool, "no-overlap", "* * * * *", "skip", 1, "skip", at(0, 1, 0)).await;
-    set(pool, "overlap", "* * * * *", "skip", 1, "allow", at(0, 1, 0)).await;
+    set(
+        pool,
+        "no-overlap",
+        "* * * * *",
+        "skip",
+        1,
+        "skip",
+        at(0, 1, 0),
+    )
+    .await;
+    set(
+        pool,
+        "overlap",
+        "* * * * *",
+        "skip",
+        1,
+        "allow",
+        at(0, 1, 0),
+    )
+    .await;
 
     schedules::fire_due(pool, at(0, 1, 1)).await.unwrap();
     // No worker runs: both first runs are still started.
@@ -249,7 +344,11 @@ async fn overlap_skip_records_a_skipped_fire_while_the_previous_run_is_running()
     assert_eq!(skipped.len(), 1, "{second:?}");
     assert_eq!(skipped[0].schedule, "no-overlap");
     assert_eq!(
-        count(pool, "select count(*) from pgflow.schedule_fires where outcome = 'skipped_overlap'").await,
+        count(
+            pool,
+            "select count(*) from pgflow.schedule_fires where outcome = 'skipped_overlap'"
+        )
+        .await,
         1
     );
     assert_eq!(runs(pool).await, 3);
@@ -266,18 +365,40 @@ async fn paused_schedules_do_not_fire_and_resume_from_the_next_fire_after_resumi
     let db = test_db().await;
     let pool = db.pool();
     flow(pool).await;
-    set(pool, "p", "*/5 * * * *", "catch_up", 10, "allow", at(0, 5, 0)).await;
+    set(
+        pool,
+        "p",
+        "*/5 * * * *",
+        "catch_up",
+        10,
+        "allow",
+        at(0, 5, 0),
+    )
+    .await;
 
     exec(pool, "select pgflow.pause_schedule('p')").await;
-    assert!(schedules::fire_due(pool, at(1, 0, 0)).await.unwrap().is_empty());
+    assert!(schedules::fire_due(pool, at(1, 0, 0))
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(runs(pool).await, 0);
 
     exec(pool, "select pgflow.resume_schedule('p')").await;
-    assert_eq!(next_fire(pool, "p").await, None, "computed afresh by the next tick");
+    assert_eq!(
+        next_fire(pool, "p").await,
+        None,
+        "computed afresh by the next tick"
+    );
     // The first tick after resuming computes the next fire and starts nothing: no catch-up of the pause.
-    assert!(schedules::fire_due(pool, at(1, 1, 0)).await.unwrap().is_empty());
+    assert!(schedules::fire_due(pool, at(1, 1, 0))
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(next_fire(pool, "p").await, Some(at(1, 5, 0)));
-    assert_eq!(schedules::fire_due(pool, at(1, 5, 0)).await.unwrap().len(), 1);
+    assert_eq!(
+        schedules::fire_due(pool, at(1, 5, 0)).await.unwrap().len(),
+        1
+    );
 
     let err = sqlx::query("select pgflow.pause_schedule('nope')")
         .execute(pool)
@@ -288,7 +409,10 @@ async fn paused_schedules_do_not_fire_and_resume_from_the_next_fire_after_resumi
 
     assert!(schedules::delete(pool, "p").await.unwrap());
     assert!(!schedules::delete(pool, "p").await.unwrap());
-    assert_eq!(count(pool, "select count(*) from pgflow.schedule_fires").await, 0);
+    assert_eq!(
+        count(pool, "select count(*) from pgflow.schedule_fires").await,
+        0
+    );
     assert_eq!(runs(pool).await, 1, "deleting a schedule keeps its runs");
 }
 
@@ -298,13 +422,21 @@ async fn a_stored_expression_the_parser_refuses_pauses_the_schedule_with_the_rea
     let pool = db.pool();
     flow(pool).await;
     // Passes the SQL shape check, not the parser (minute 99).
-    exec(pool, "select pgflow.set_schedule('odd', 'nightly', '99 * * * *')").await;
-    assert!(schedules::fire_due(pool, Utc::now()).await.unwrap().is_empty());
-    let (paused, error): (bool, Option<String>) =
-        sqlx::query_as("select paused, last_error from pgflow.schedules where schedule_name = 'odd'")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    exec(
+        pool,
+        "select pgflow.set_schedule('odd', 'nightly', '99 * * * *')",
+    )
+    .await;
+    assert!(schedules::fire_due(pool, Utc::now())
+        .await
+        .unwrap()
+        .is_empty());
+    let (paused, error): (bool, Option<String>) = sqlx::query_as(
+        "select paused, last_error from pgflow.schedules where schedule_name = 'odd'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
     assert!(paused);
     assert!(error.unwrap_or_default().contains("\"99 * * * *\""));
 }
