@@ -37,3 +37,19 @@ pub(crate) mod map10 {
         Ok(x * 2)
     }
 }
+
+/// One tenant's job, for the flow-control scenarios.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TenantJob {
+    pub(crate) tenant: String,
+}
+
+#[flow(slug = "benchTenant", input = TenantJob)]
+pub(crate) mod tenant {
+    use super::{StepError, TenantJob};
+
+    #[step]
+    async fn work(job: TenantJob) -> Result<usize, StepError> {
+        Ok(job.tenant.len())
+    }
+}

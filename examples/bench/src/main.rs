@@ -13,10 +13,14 @@
 //! same bursts on an empty database and again on a million finished tasks, and times the maintenance
 //! statements on that history (`history.rs`).
 //!
+//! The control scenario (`--only control`) measures tenant B's wait behind tenant A's backlog under a per-key
+//! limit, and schedule fire lateness (`control.rs`).
+//!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
 mod budget;
+mod control;
 mod db;
 mod floor;
 mod flows;
@@ -98,6 +102,10 @@ struct Args {
     budget_tasks: usize,
     /// Concurrency levels of the budget scenario.
     budget_ks: Vec<usize>,
+    /// Tenant A's backlog in the flow-control scenario.
+    control_backlog: usize,
+    /// Seconds the schedule of the flow-control scenario fires after the tenants drained.
+    control_seconds: u64,
 }
 
 impl Args {
@@ -124,6 +132,8 @@ impl Args {
             history_drain_tasks: 2000,
             budget_tasks: 2000,
             budget_ks: vec![1, 4],
+            control_backlog: 2000,
+            control_seconds: 10,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -157,11 +167,13 @@ impl Args {
                 "--history-k" => args.history_ks = list(&flag, &value()?)?,
                 "--budget-tasks" => args.budget_tasks = one(&flag, &value()?)?,
                 "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
+                "--control-backlog" => args.control_backlog = one(&flag, &value()?)?,
+                "--control-seconds" => args.control_seconds = one(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--only floor,sql,worker,latency,starvation,history,budget,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--control-backlog N] [--control-seconds S] [--only floor,sql,worker,latency,starvation,control,history,budget,diamond,map10] [--profile]"
                             .into(),
                     )
                 }
@@ -493,6 +505,31 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             };
             eprintln!("{}: {:.0} ms; {}", row.what, row.value, row.extra);
             rows.push(row);
+        }
+    }
+
+    // Flow control and schedules: tenant B's wait behind tenant A's backlog, schedule fire lateness.
+    if args.wants(&["control"]) {
+        db.settle().await?;
+        match control::run(&db, args.control_backlog, args.control_seconds).await {
+            Ok(figures) => {
+                for f in figures {
+                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                    rows.push(Row {
+                        what: f.what,
+                        k: 16,
+                        value: f.value,
+                        unit: f.unit,
+                        extra: f.extra,
+                        wal: None,
+                    });
+                }
+            }
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("control: INVALID: {message}");
+                invalid.push(format!("control: {message}"));
+            }
+            Err(e) => return Err(e),
         }
     }
 
