@@ -39,18 +39,20 @@ fn invalid(e: impl std::fmt::Display) -> BenchError {
 }
 
 /// Runs both scenarios.
-pub(crate) async fn run(db: &BenchDb, backlog: usize, seconds: u64) -> Result<Vec<Figure>, BenchError> {
+pub(crate) async fn run(
+    db: &BenchDb,
+    backlog: usize,
+    seconds: u64,
+) -> Result<Vec<Figure>, BenchError> {
     let pool = &db.pool;
     let stop = CancellationToken::new();
     let worker = Worker::<Tenant>::builder(pool.clone())
         .max_concurrent(16)
-        .schedule(
-            Schedule::for_flow::<Tenant>(
-                "bench-every-second",
-                "* * * * * *",
-                &crate::flows::TenantJob { tenant: "s".into() },
-            ),
-        )
+        .schedule(Schedule::for_flow::<Tenant>(
+            "bench-every-second",
+            "* * * * * *",
+            &crate::flows::TenantJob { tenant: "s".into() },
+        ))
         .schedule_interval(Some(Duration::from_millis(100)))
         .build()
         .map_err(invalid)?
@@ -60,12 +62,22 @@ pub(crate) async fn run(db: &BenchDb, backlog: usize, seconds: u64) -> Result<Ve
     // The schedule fires while the tenants drain (its runs are tenant "s", not counted there).
     flow_control::set_key_limit(pool, "benchTenant", "work", &["tenant"], 4).await?;
 
-    let a: Vec<serde_json::Value> = (0..backlog).map(|_| serde_json::json!({"tenant": "a"})).collect();
+    let a: Vec<serde_json::Value> = (0..backlog)
+        .map(|_| serde_json::json!({"tenant": "a"}))
+        .collect();
     for chunk in a.chunks(200) {
-        sqlx::query("select pgflow.start_flows('benchTenant', $1)").bind(chunk).execute(pool).await?;
+        sqlx::query("select pgflow.start_flows('benchTenant', $1)")
+            .bind(chunk)
+            .execute(pool)
+            .await?;
     }
-    let b: Vec<serde_json::Value> = (0..20).map(|_| serde_json::json!({"tenant": "b"})).collect();
-    sqlx::query("select pgflow.start_flows('benchTenant', $1)").bind(&b).execute(pool).await?;
+    let b: Vec<serde_json::Value> = (0..20)
+        .map(|_| serde_json::json!({"tenant": "b"}))
+        .collect();
+    sqlx::query("select pgflow.start_flows('benchTenant', $1)")
+        .bind(&b)
+        .execute(pool)
+        .await?;
 
     let deadline = std::time::Instant::now() + Duration::from_secs(seconds.max(1) + 600);
     loop {
@@ -112,16 +124,27 @@ pub(crate) async fn run(db: &BenchDb, backlog: usize, seconds: u64) -> Result<Ve
 
     Ok(vec![
         Figure {
-            what: format!("tenant B's wait behind a {backlog}-task backlog of tenant A (key limit 4)"),
+            what: format!(
+                "tenant B's wait behind a {backlog}-task backlog of tenant A (key limit 4)"
+            ),
             value: percentile(&waits, 0.99),
             unit: "ms p99",
-            extra: format!("p50 {:.0} ms over {} tasks of B", percentile(&waits, 0.5), waits.len()),
+            extra: format!(
+                "p50 {:.0} ms over {} tasks of B",
+                percentile(&waits, 0.5),
+                waits.len()
+            ),
         },
         Figure {
-            what: "schedule fire lateness, every-second schedule, one worker (tick 100 ms)".to_owned(),
+            what: "schedule fire lateness, every-second schedule, one worker (tick 100 ms)"
+                .to_owned(),
             value: percentile(&late, 0.99),
             unit: "ms p99",
-            extra: format!("p50 {:.0} ms over {} fires", percentile(&late, 0.5), late.len()),
+            extra: format!(
+                "p50 {:.0} ms over {} fires",
+                percentile(&late, 0.5),
+                late.len()
+            ),
         },
     ])
 }

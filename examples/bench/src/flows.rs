@@ -38,10 +38,13 @@ pub(crate) mod map10 {
     }
 }
 
-/// One tenant's job, for the flow-control scenarios.
+/// One tenant's job, for the flow-control scenarios (public: the flow's input type appears in the
+/// generated flow type's interface).
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct TenantJob {
-    pub(crate) tenant: String,
+#[allow(unreachable_pub)]
+pub struct TenantJob {
+    /// The key of the per-key limit.
+    pub tenant: String,
 }
 
 #[flow(slug = "benchTenant", input = TenantJob)]
