@@ -390,6 +390,9 @@ begin
 end;
 $$;
 
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the functions above.
+revoke execute on all functions in schema pgflow from public;
+
 -- ---- as in schema/16_flow_control.sql ----
 -- Flow control: concurrency limits per queue and per key, and a rate limit per queue, enforced by the
 -- database inside the claim, across every worker process.
@@ -761,6 +764,9 @@ after update of status on pgflow.step_tasks
 for each row
 when (old.status = 'started' and new.status is distinct from 'started')
 execute function pgflow._free_limit_slot();
+
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the functions above.
+revoke execute on all functions in schema pgflow from public;
 
 -- ---- the claim consults flow control (schema/07_claims.sql) ----
 -- The classifying claim behind claim_tasks, read_and_claim_tasks and exchange. read_vt NULL: the caller read

@@ -335,3 +335,6 @@ begin
   where s.schedule_name = fire_schedule.schedule_name;
 end;
 $$;
+
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the functions above.
+revoke execute on all functions in schema pgflow from public;

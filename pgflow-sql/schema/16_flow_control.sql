@@ -368,3 +368,6 @@ after update of status on pgflow.step_tasks
 for each row
 when (old.status = 'started' and new.status is distinct from 'started')
 execute function pgflow._free_limit_slot();
+
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the functions above.
+revoke execute on all functions in schema pgflow from public;
