@@ -44,7 +44,10 @@ as $$
     'pgflow.requeue_dead_worker_tasks(interval)',
     'pgflow.run_maintenance(interval,interval,integer)',
     'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])',
-    'pgflow.queue_stats()'
+    'pgflow.queue_stats()',
+    'pgflow.set_schedule(text,text,text,text,jsonb,text,integer,text,timestamp with time zone)',
+    'pgflow.due_schedules(timestamp with time zone,integer)',
+    'pgflow.fire_schedule(text,timestamp with time zone,timestamp with time zone[],timestamp with time zone,text)'
   ]
 $$;
 

@@ -15,11 +15,14 @@
 //!
 //! The processes scenario (`--only processes`: 1, 4 and 16 worker OS processes) and the idle latency probe
 //! (`--only probe`) are in `processes.rs`; they run only when named.
+//! The control scenario (`--only control`) measures tenant B's wait behind tenant A's backlog under a per-key
+//! limit, and schedule fire lateness (`control.rs`).
 //!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
 mod budget;
+mod control;
 mod db;
 mod floor;
 mod flows;
@@ -115,6 +118,10 @@ struct Args {
     sustained_retention: u64,
     /// The processes scenario and the idle probe.
     processes: processes::Settings,
+    /// Tenant A's backlog in the flow-control scenario.
+    control_backlog: usize,
+    /// Seconds the schedule of the flow-control scenario fires after the tenants drained.
+    control_seconds: u64,
 }
 
 impl Args {
@@ -153,6 +160,8 @@ impl Args {
                 probe_samples: 100,
                 probe_interval: Duration::from_millis(200),
             },
+            control_backlog: 2000,
+            control_seconds: 10,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -199,12 +208,14 @@ impl Args {
                 "--probe-interval-ms" => {
                     args.processes.probe_interval = Duration::from_millis(one(&flag, &value()?)?)
                 }
+                "--control-backlog" => args.control_backlog = one(&flag, &value()?)?,
+                "--control-seconds" => args.control_seconds = one(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "--observability" => args.observability = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,diamond,map10] [--profile] [--observability]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--control-backlog N] [--control-seconds S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,control,diamond,map10] [--profile] [--observability]"
                             .into(),
                     )
                 }
@@ -609,6 +620,31 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             Err(BenchError::Invalid(message)) => {
                 eprintln!("sustained: INVALID: {message}");
                 invalid.push(format!("sustained: {message}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // Flow control and schedules: tenant B's wait behind tenant A's backlog, schedule fire lateness.
+    if args.wants(&["control"]) {
+        db.settle().await?;
+        match control::run(&db, args.control_backlog, args.control_seconds).await {
+            Ok(figures) => {
+                for f in figures {
+                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                    rows.push(Row {
+                        what: f.what,
+                        k: 16,
+                        value: f.value,
+                        unit: f.unit,
+                        extra: f.extra,
+                        wal: None,
+                    });
+                }
+            }
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("control: INVALID: {message}");
+                invalid.push(format!("control: {message}"));
             }
             Err(e) => return Err(e),
         }

@@ -45,6 +45,11 @@ pub(crate) async fn prepare(
     worker_id: Uuid,
 ) -> Result<Ready, WorkerError> {
     let prepared = startup::prepare(&pool, &registry, &config, worker_id).await?;
+    for schedule in &config.schedules {
+        schedule
+            .set_with(&pool, config.pooling.is_transaction())
+            .await?;
+    }
     let deployments: Vec<String> = prepared
         .deployments
         .iter()
@@ -285,6 +290,14 @@ fn spawn_background(
             queue.to_owned(),
             Arc::clone(wake),
             own.clone(),
+            done.clone(),
+        )));
+    }
+    if let Some(interval) = config.schedule_interval {
+        handles.push(tokio::spawn(crate::schedules::tick(
+            pool.clone(),
+            config.pooling.is_transaction(),
+            interval,
             done.clone(),
         )));
     }
