@@ -25,32 +25,40 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
+impl Args {
+    /// Reads the attribute's options; an unknown one is an error listing the known ones.
+    fn parse(args: TokenStream) -> syn::Result<Self> {
+        let mut a = Args::default();
+        let parser = syn::meta::parser(|meta| {
+            if meta.path.is_ident("flow") {
+                a.flow = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("cron") {
+                a.cron = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("time_zone") {
+                a.time_zone = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("name") {
+                a.name = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("catch_up") {
+                a.catch_up = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("overlap") {
+                a.overlap = Some(meta.value()?.parse()?);
+            } else if meta.path.is_ident("crate") {
+                let lit: LitStr = meta.value()?.parse()?;
+                a.krate = Some(lit.parse()?);
+            } else {
+                return Err(meta.error(
+                    "unknown `#[schedule]` option; use flow, cron, time_zone, name, catch_up, overlap or crate",
+                ));
+            }
+            Ok(())
+        });
+        syn::parse::Parser::parse2(parser, args)?;
+        Ok(a)
+    }
+}
+
 fn try_expand(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
-    let mut a = Args::default();
-    let parser = syn::meta::parser(|meta| {
-        if meta.path.is_ident("flow") {
-            a.flow = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("cron") {
-            a.cron = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("time_zone") {
-            a.time_zone = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("name") {
-            a.name = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("catch_up") {
-            a.catch_up = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("overlap") {
-            a.overlap = Some(meta.value()?.parse()?);
-        } else if meta.path.is_ident("crate") {
-            let lit: LitStr = meta.value()?.parse()?;
-            a.krate = Some(lit.parse()?);
-        } else {
-            return Err(meta.error(
-                "unknown `#[schedule]` option; use flow, cron, time_zone, name, catch_up, overlap or crate",
-            ));
-        }
-        Ok(())
-    });
-    syn::parse::Parser::parse2(parser, args)?;
+    let a = Args::parse(args)?;
     let f: ItemFn = syn::parse2(item)?;
     let flow = a.flow.ok_or_else(|| {
         syn::Error::new(Span::call_site(), "`#[schedule]` needs `flow = FlowType`")

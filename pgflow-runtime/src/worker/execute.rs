@@ -184,7 +184,12 @@ async fn run(shared: &Shared, task: Claimed) -> Option<Outcome> {
         );
         return None;
     }
-    let step = &task.step_slug;
+    outcome(ran, &task.step_slug, elapsed_ms)
+}
+
+/// What a handler's ending means for its task: the result to record, or `None` for a revoked attempt, whose
+/// result is dropped.
+fn outcome(ran: Ran, step: &str, elapsed_ms: u64) -> Option<Outcome> {
     Some(match ran {
         Ran::Done(output) => {
             tracing::debug!(elapsed_ms, "task completed");
