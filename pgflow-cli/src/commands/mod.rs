@@ -1,0 +1,39 @@
+//! One function per command. Each calls the SQL core's functions (through the runtime's client where it
+//! has a method), and prints a table or, with `--json`, a JSON document.
+
+use crate::cli::{Cli, Command};
+use crate::db;
+use crate::output::{self, Out};
+
+mod control;
+mod install;
+mod prune;
+mod rollout;
+
+/// Runs the command `cli` names.
+pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
+    let out = Out { json: cli.json };
+    let url = cli.database_url.as_deref();
+    match cli.command {
+        Command::Sql => output::line(pgflow_sql::install_script().trim_end()),
+        Command::Install => install::install(&db::connect(url).await?, out).await,
+        Command::Cancel(args) => control::cancel(&db::connect(url).await?, out, args).await,
+        Command::Retry { id } => control::retry(&db::connect(url).await?, out, id).await,
+        Command::Replay { id, from_step } => {
+            control::replay(&db::connect(url).await?, out, id, &from_step).await
+        }
+        Command::Activate { alias, version } => {
+            rollout::activate(&db::connect(url).await?, out, &alias, &version).await
+        }
+        Command::Fence { function, reason } => {
+            rollout::fence(&db::connect(url).await?, out, &function, &reason).await
+        }
+        Command::Unfence { function } => {
+            rollout::unfence(&db::connect(url).await?, out, &function).await
+        }
+        Command::Retirable { version, queue } => {
+            rollout::retirable(&db::connect(url).await?, out, &version, queue.as_deref()).await
+        }
+        Command::Prune(args) => prune::prune(&db::connect(url).await?, out, &args).await,
+    }
+}
