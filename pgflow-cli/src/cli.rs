@@ -49,7 +49,8 @@ pub(crate) enum Command {
         /// The alias producers start.
         alias: String,
         /// The concrete flow slug of the version.
-        version: String,
+        #[arg(value_name = "VERSION")]
+        flow_slug: String,
     },
     /// Disable a worker function: its workers claim nothing and stop at their next heartbeat.
     Fence {
@@ -67,7 +68,8 @@ pub(crate) enum Command {
     /// Whether a version can be removed from the workers of each of its queues.
     Retirable {
         /// The concrete flow slug of the version.
-        version: String,
+        #[arg(value_name = "VERSION")]
+        flow_slug: String,
         /// Only this queue (default: every queue the version uses).
         #[arg(long)]
         queue: Option<String>,
@@ -111,4 +113,14 @@ pub(crate) struct PruneArgs {
     /// Runs deleted per transaction.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) batch: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 pub(crate) async fn connect(url: Option<&str>) -> anyhow::Result<PgPool> {
     let url = url.ok_or_else(|| {
         anyhow!(
-            "no database given: set DATABASE_URL or pass --database-url postgres://USER@HOST:5432/DB"
+            "DATABASE_URL is not set: pass --database-url postgres://USER@HOST:5432/DB or export DATABASE_URL"
         )
     })?;
     let options: PgConnectOptions = url.parse().map_err(|e| {
@@ -26,7 +26,7 @@ pub(crate) async fn connect(url: Option<&str>) -> anyhow::Result<PgPool> {
     );
     PgPoolOptions::new()
         .max_connections(4)
-        .acquire_timeout(std::time::Duration::from_secs(10))
+        .acquire_timeout(std::time::Duration::from_secs(5))
         .connect_with(options)
         .await
         .with_context(|| {

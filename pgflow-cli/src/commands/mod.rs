@@ -22,8 +22,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Replay { id, from_step } => {
             control::replay(&db::connect(url).await?, out, id, &from_step).await
         }
-        Command::Activate { alias, version } => {
-            rollout::activate(&db::connect(url).await?, out, &alias, &version).await
+        Command::Activate { alias, flow_slug } => {
+            rollout::activate(&db::connect(url).await?, out, &alias, &flow_slug).await
         }
         Command::Fence { function, reason } => {
             rollout::fence(&db::connect(url).await?, out, &function, &reason).await
@@ -31,8 +31,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Unfence { function } => {
             rollout::unfence(&db::connect(url).await?, out, &function).await
         }
-        Command::Retirable { version, queue } => {
-            rollout::retirable(&db::connect(url).await?, out, &version, queue.as_deref()).await
+        Command::Retirable { flow_slug, queue } => {
+            rollout::retirable(&db::connect(url).await?, out, &flow_slug, queue.as_deref()).await
         }
         Command::Prune(args) => prune::prune(&db::connect(url).await?, out, &args).await,
     }
