@@ -5,6 +5,7 @@
 mod client;
 mod compat;
 mod failures;
+mod flow_control;
 mod flows;
 mod pooler;
 mod queue_workers;
@@ -12,6 +13,7 @@ mod reliability;
 mod retention;
 mod rollout;
 mod run_control;
+mod schedules;
 mod shutdown;
 mod steps;
 mod support;
