@@ -76,6 +76,29 @@ pub(crate) enum Command {
     },
     /// Delete finished runs (and their tasks and messages) older than a period, in bounded batches.
     Prune(PruneArgs),
+    /// List schedules (cron, next and last fire, paused), or pause or resume one.
+    Schedules {
+        /// What to do (default: list).
+        #[command(subcommand)]
+        action: Option<ScheduleAction>,
+    },
+}
+
+/// `schedules pause|resume NAME`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleAction {
+    /// List every schedule (the default).
+    List,
+    /// Stop firing a schedule until it is resumed.
+    Pause {
+        /// The schedule name.
+        name: String,
+    },
+    /// Fire a paused schedule again (fires missed while paused are not caught up).
+    Resume {
+        /// The schedule name.
+        name: String,
+    },
 }
 
 /// `cancel`: one run, or started runs by filter.

@@ -390,3 +390,54 @@ async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
     .await;
     assert_eq!(left, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_listed_paused_and_resumed() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let url = db.url();
+    compile::<cli_flow::CliFlow>(pool).await;
+    let empty = json_of(url, &["schedules"]).await;
+    assert_eq!(empty, json!([]));
+    pgflow_runtime::schedules::Schedule::new("nightly", "cliFlow", "0 3 * * *")
+        .input(json!({"tenant": 4, "n": 2}))
+        .set(pool)
+        .await
+        .unwrap();
+
+    let listed = json_of(url, &["schedules", "list"]).await;
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["schedule_name"], json!("nightly"));
+    assert_eq!(listed[0]["flow_slug"], json!("cliFlow"));
+    assert_eq!(listed[0]["cron"], json!("0 3 * * *"));
+    assert_eq!(listed[0]["input"], json!({"tenant": 4, "n": 2}));
+    assert_eq!(listed[0]["paused"], json!(false));
+
+    let paused = json_of(url, &["schedules", "pause", "nightly"]).await;
+    assert_eq!(paused["paused"], json!(true));
+    let in_db: bool = scalar(
+        pool,
+        "select paused from pgflow.schedules where schedule_name = 'nightly'",
+    )
+    .await;
+    assert!(in_db);
+    let table = ok(url, &["schedules"]).await;
+    assert!(
+        table.contains("nightly") && table.contains("paused"),
+        "{table}"
+    );
+
+    json_of(url, &["schedules", "resume", "nightly"]).await;
+    let in_db: bool = scalar(
+        pool,
+        "select paused from pgflow.schedules where schedule_name = 'nightly'",
+    )
+    .await;
+    assert!(!in_db);
+
+    let stderr = fails(Some(url), &["schedules", "pause", "weekly"], 1).await;
+    assert!(
+        stderr.contains("weekly") && stderr.contains("`pgflow schedules`"),
+        "{stderr}"
+    );
+}

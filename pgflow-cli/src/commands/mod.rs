@@ -9,6 +9,7 @@ mod control;
 mod install;
 mod prune;
 mod rollout;
+mod schedules;
 
 /// Runs the command `cli` names.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -35,5 +36,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             rollout::retirable(&db::connect(url).await?, out, &flow_slug, queue.as_deref()).await
         }
         Command::Prune(args) => prune::prune(&db::connect(url).await?, out, &args).await,
+        Command::Schedules { action } => {
+            schedules::schedules(&db::connect(url).await?, out, action).await
+        }
     }
 }
