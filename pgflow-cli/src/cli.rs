@@ -1,6 +1,8 @@
 //! The command line: global options and one subcommand per operation.
 
 use clap::{Args, Parser, Subcommand};
+use pgflow_runtime::admin::Cursor;
+use pgflow_runtime::client::RunStatus;
 use uuid::Uuid;
 
 use crate::filters::{InputEq, When};
@@ -29,6 +31,15 @@ pub(crate) enum Command {
     Install,
     /// Print the pgflow install script (PGMQ excluded) for your own migration tool.
     Sql,
+    /// Queues (depth, oldest message, live workers), uncovered routes, coverage gaps and fenced functions.
+    Status,
+    /// List runs, newest first, filtered by flow or alias, status, start time and input.
+    Runs(RunsArgs),
+    /// One run: its DAG, steps, tasks, attempts, errors and outputs.
+    Run {
+        /// The run id.
+        id: Uuid,
+    },
     /// Cancel one run by id, or every started run matching filters.
     Cancel(CancelArgs),
     /// Retry a failed or cancelled run in place (completed tasks keep their outputs).
@@ -44,6 +55,8 @@ pub(crate) enum Command {
         #[arg(long = "from", value_name = "STEP")]
         from_step: String,
     },
+    /// List aliases with their current and previous versions and whether each is retirable.
+    Aliases,
     /// Point an alias at a compiled version (a rollout, or a rollback to the previous version).
     Activate {
         /// The alias producers start.
@@ -99,6 +112,56 @@ pub(crate) enum ScheduleAction {
         /// The schedule name.
         name: String,
     },
+}
+
+/// A run status, for `runs --status`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum StatusArg {
+    /// Running.
+    Started,
+    /// Every step finished.
+    Completed,
+    /// A step failed the run.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<StatusArg> for RunStatus {
+    fn from(s: StatusArg) -> Self {
+        match s {
+            StatusArg::Started => RunStatus::Started,
+            StatusArg::Completed => RunStatus::Completed,
+            StatusArg::Failed => RunStatus::Failed,
+            StatusArg::Cancelled => RunStatus::Cancelled,
+        }
+    }
+}
+
+/// `runs`: filters and paging.
+#[derive(Debug, Args)]
+pub(crate) struct RunsArgs {
+    /// Runs of this flow slug or alias (an alias: its current and previous version).
+    #[arg(long)]
+    pub(crate) flow: Option<String>,
+    /// Runs in this status.
+    #[arg(long, value_enum)]
+    pub(crate) status: Option<StatusArg>,
+    /// Runs started at or after this time: a duration ago (`2h`) or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub(crate) since: Option<When>,
+    /// Runs started before this time: a duration ago (`2h`) or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub(crate) before: Option<When>,
+    /// Runs whose input at a dotted path equals a JSON value (`tenant.id=42`).
+    #[arg(long, value_name = "PATH=VALUE")]
+    pub(crate) input_eq: Option<InputEq>,
+    /// Runs per page (at most 500).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub(crate) limit: u32,
+    /// The page after this cursor (printed under a full page, and as `next` in `--json`).
+    #[arg(long, value_name = "CURSOR")]
+    pub(crate) after: Option<Cursor>,
 }
 
 /// `cancel`: one run, or started runs by filter.

@@ -441,3 +441,219 @@ async fn schedules_are_listed_paused_and_resumed() {
         "{stderr}"
     );
 }
+
+/// The run ids of a `runs --json` answer.
+fn ids(answer: &Value) -> Vec<Uuid> {
+    answer["runs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no runs list: {answer}"))
+        .iter()
+        .map(|r| serde_json::from_value(r["run_id"].clone()).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_commands_agree_with_the_database() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let url = db.url();
+    compile::<parked_flow::ParkedFlow>(pool).await;
+    let worker = Worker::<cli_flow::CliFlow>::builder(pool.clone())
+        .poll_interval(Duration::from_millis(10))
+        .max_poll_wait(Duration::from_millis(50))
+        .heartbeat_interval(Duration::from_millis(100))
+        .build()
+        .unwrap()
+        .spawn(CancellationToken::new())
+        .await
+        .unwrap();
+    let done = start(pool, "cliFlow", json!({"tenant": 1, "n": 4})).await;
+    assert_eq!(wait_finished(pool, done).await, "completed");
+    BROKEN.store(true, Ordering::SeqCst);
+    let failed = start(pool, "cliFlow", json!({"tenant": 2, "n": 3})).await;
+    assert_eq!(wait_finished(pool, failed).await, "failed");
+    BROKEN.store(false, Ordering::SeqCst);
+    let parked_a = start(pool, "parkedFlow", json!({"tenant": 3, "n": 1})).await;
+    let parked_b = start(pool, "parkedFlow", json!({"tenant": 3, "n": 2})).await;
+    ok(url, &["activate", "orders", "cliFlow"]).await;
+    ok(url, &["fence", "retired-fn", "--reason", "old build"]).await;
+
+    // runs: filters, against the database.
+    let all = json_of(url, &["runs"]).await;
+    let in_db: Vec<Uuid> =
+        sqlx::query_scalar("select run_id from pgflow.runs order by started_at desc, run_id desc")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(ids(&all), in_db, "every run, newest first");
+    assert_eq!(all["next"], Value::Null);
+    let mut of_flow = ids(&json_of(url, &["runs", "--flow", "cliFlow"]).await);
+    of_flow.sort();
+    let mut expected = vec![done, failed];
+    expected.sort();
+    assert_eq!(of_flow, expected);
+    let mut of_alias = ids(&json_of(url, &["runs", "--flow", "orders"]).await);
+    of_alias.sort();
+    assert_eq!(of_alias, expected, "an alias lists its version's runs");
+    assert_eq!(
+        ids(&json_of(url, &["runs", "--status", "failed"]).await),
+        [failed]
+    );
+    assert_eq!(
+        ids(&json_of(url, &["runs", "--input-eq", "tenant=2"]).await),
+        [failed]
+    );
+    let mut tenant3 = ids(&json_of(url, &["runs", "--input-eq", "tenant=3"]).await);
+    tenant3.sort();
+    let mut parked = vec![parked_a, parked_b];
+    parked.sort();
+    assert_eq!(tenant3, parked);
+    assert_eq!(
+        ids(&json_of(url, &["runs", "--since", "1h"]).await).len(),
+        4
+    );
+    assert!(ids(&json_of(url, &["runs", "--before", "1h"]).await).is_empty());
+    let first = json_of(url, &["runs", "--limit", "1"]).await;
+    assert_eq!(ids(&first), [in_db[0]]);
+    let cursor = first["next"].as_str().expect("a next page").to_owned();
+    let second = json_of(url, &["runs", "--limit", "1", "--after", &cursor]).await;
+    assert_eq!(ids(&second), [in_db[1]]);
+    let stderr = fails(Some(url), &["runs", "--status", "sleeping"], 2).await;
+    assert!(stderr.contains("possible values"), "{stderr}");
+    let table = ok(url, &["runs", "--status", "failed"]).await;
+    assert!(
+        table.contains(&failed.to_string()) && table.contains("RUN"),
+        "{table}"
+    );
+
+    // run ID: steps, tasks, errors and the DAG.
+    let detail = json_of(url, &["run", &failed.to_string()]).await;
+    assert_eq!(detail["status"], json!("failed"));
+    assert_eq!(detail["flow_slug"], json!("cliFlow"));
+    assert_eq!(detail["aliases"], json!(["orders"]));
+    assert_eq!(detail["input"], json!({"tenant": 2, "n": 3}));
+    let steps: Vec<(String, String)> = sqlx::query_as(
+        "select step_slug, status from pgflow.step_states where run_id = $1 order by step_slug",
+    )
+    .bind(failed)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut reported: Vec<(String, String)> = detail["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["step_slug"].as_str().unwrap().to_owned(),
+                s["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    reported.sort();
+    assert_eq!(reported, steps);
+    let each = detail["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["step_slug"] == "each")
+        .unwrap();
+    assert_eq!(each["deps"], json!(["split"]));
+    let failed_tasks: Vec<&Value> = detail["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "failed")
+        .collect();
+    assert_eq!(failed_tasks.len(), 1, "{detail}");
+    assert_eq!(failed_tasks[0]["task_index"], json!(1));
+    assert_eq!(failed_tasks[0]["attempts"], json!(1));
+    assert!(failed_tasks[0]["error_message"]
+        .as_str()
+        .unwrap()
+        .contains("element 1 is broken"));
+    let tasks_in_db: i64 =
+        sqlx::query_scalar("select count(*) from pgflow.step_tasks where run_id = $1")
+            .bind(failed)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        detail["tasks"].as_array().unwrap().len() as i64,
+        tasks_in_db
+    );
+    assert_eq!(
+        detail["dag"][0],
+        json!("[split: completed]"),
+        "{}",
+        detail["dag"]
+    );
+    let text = ok(url, &["run", &done.to_string()]).await;
+    assert!(
+        text.contains("split ──▶ each") && text.contains("each ──▶ total"),
+        "{text}"
+    );
+    assert!(text.contains("[each: completed 4/4]"), "{text}");
+    let output = pgflow_tests::state::run_output(pool, done).await.unwrap();
+    assert!(
+        text.contains(&output.to_string()),
+        "the output is shown:\n{text}"
+    );
+    let missing = Uuid::new_v4().to_string();
+    let stderr = fails(Some(url), &["run", &missing], 1).await;
+    assert!(
+        stderr.contains(&missing) && stderr.contains("`pgflow runs`"),
+        "{stderr}"
+    );
+
+    // status: queues, uncovered routes, fenced functions.
+    let status = json_of(url, &["status"]).await;
+    let queue = |name: &str| {
+        status["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue_name"] == name)
+            .unwrap_or_else(|| panic!("queue {name} in {status}"))
+            .clone()
+    };
+    let depth: i64 = scalar(pool, "select count(*) from pgmq.q_parkedflow").await;
+    assert_eq!(depth, 2);
+    assert_eq!(queue("parkedflow")["depth"], json!(depth));
+    assert!(queue("parkedflow")["oldest_age_seconds"].as_f64().is_some());
+    assert_eq!(queue("parkedflow")["live_workers"], json!(0));
+    assert_eq!(queue("cliflow")["live_workers"], json!(1));
+    let uncovered = status["uncovered_routes"].as_array().unwrap();
+    assert!(
+        uncovered.iter().any(|u| u["flow_slug"] == "parkedFlow"
+            && u["step_slug"] == "hold"
+            && u["queued_tasks"] == 2),
+        "{status}"
+    );
+    assert!(
+        !uncovered.iter().any(|u| u["flow_slug"] == "cliFlow"),
+        "{status}"
+    );
+    let disabled = status["disabled_functions"].as_array().unwrap();
+    assert_eq!(disabled.len(), 1, "{status}");
+    assert_eq!(disabled[0]["function_name"], json!("retired-fn"));
+    assert_eq!(disabled[0]["disabled_reason"], json!("old build"));
+    let text = ok(url, &["status"]).await;
+    assert!(
+        text.contains("parkedflow") && text.contains("retired-fn"),
+        "{text}"
+    );
+
+    // aliases.
+    let aliases = json_of(url, &["aliases"]).await;
+    assert_eq!(aliases[0]["alias"], json!("orders"), "{aliases}");
+    assert_eq!(aliases[0]["flow_slug"], json!("cliFlow"));
+    assert_eq!(aliases[0]["versions"][0]["flow_slug"], json!("cliFlow"));
+    let text = ok(url, &["aliases"]).await;
+    assert!(
+        text.contains("orders") && text.contains("cliFlow"),
+        "{text}"
+    );
+
+    worker.stop().await.unwrap();
+}

@@ -8,6 +8,7 @@ use crate::output::{self, Out};
 mod control;
 mod install;
 mod prune;
+mod read;
 mod rollout;
 mod schedules;
 
@@ -18,6 +19,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Sql => output::line(pgflow_sql::install_script().trim_end()),
         Command::Install => install::install(&db::connect(url).await?, out).await,
+        Command::Status => read::status(&db::connect(url).await?, out).await,
+        Command::Runs(args) => read::runs(&db::connect(url).await?, out, args).await,
+        Command::Run { id } => read::run(&db::connect(url).await?, out, id).await,
+        Command::Aliases => read::aliases(&db::connect(url).await?, out).await,
         Command::Cancel(args) => control::cancel(&db::connect(url).await?, out, args).await,
         Command::Retry { id } => control::retry(&db::connect(url).await?, out, id).await,
         Command::Replay { id, from_step } => {
