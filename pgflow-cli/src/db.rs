@@ -1,6 +1,7 @@
 //! The connection, and database errors turned into messages that say what to do.
 
 use anyhow::{anyhow, Context};
+use pgflow_runtime::admin::{ActionKind, Admin, NewAction};
 use pgflow_runtime::client::ClientError;
 use pgflow_sql::SqlState;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -96,4 +97,30 @@ pub(crate) fn explain_client(e: ClientError, about: About) -> anyhow::Error {
         ClientError::Database(e) => explain(e, about),
         other => anyhow!(other),
     }
+}
+
+/// Records an action taken from this command line in the operator record (`pgflow.operator_actions`, with
+/// source `cli` and the database role as the actor), as the dashboard records its own. The action itself
+/// already happened (or was refused): a role without insert on that table gets a warning, not an error.
+pub(crate) async fn record(pool: &PgPool, action: NewAction) {
+    let admin = Admin::new(pool.clone());
+    if let Err(e) = admin.record_action(&action).await {
+        eprintln!(
+            "pgflow: warning: the action was not recorded in pgflow.operator_actions ({e}); grant this role \
+             insert on that table to keep a record of operator actions"
+        );
+    }
+}
+
+/// The actor of recorded actions: the database role this command line connected as.
+pub(crate) async fn actor(pool: &PgPool) -> String {
+    sqlx::query_scalar("select session_user::text")
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// An action on run `id` to record, from the command line.
+pub(crate) async fn run_action(pool: &PgPool, kind: ActionKind, id: Uuid) -> NewAction {
+    NewAction::on_run(actor(pool).await, "cli", kind, id)
 }

@@ -170,6 +170,8 @@ async fn install_applies_every_migration_once_and_sql_prints_the_script() {
 
     let sql = ok(url, &["sql"]).await;
     assert_eq!(sql.trim_end(), pgflow_sql::install_script().trim_end());
+    let as_json = json_of(url, &["sql"]).await;
+    assert_eq!(as_json["sql"], json!(pgflow_sql::install_script()));
     // `sql` needs no database at all.
     let offline = pgflow_at(None, &["sql"]).await;
     assert_eq!(offline.status.code(), Some(0));
@@ -256,6 +258,32 @@ async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
     // A completed run cannot be retried: the message points at replay.
     let stderr = fails(Some(url), &["retry", &done.to_string()], 1).await;
     assert!(stderr.contains("pgflow replay"), "{stderr}");
+    // Both are in the operator record, the refusal with its error.
+    let record: Vec<(Uuid, String, String, bool, Option<String>)> = sqlx::query_as(
+        "select run_id, action, source, succeeded, error from pgflow.operator_actions order by action_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(record.len(), 2, "{record:?}");
+    assert_eq!(
+        (
+            record[0].0,
+            record[0].1.as_str(),
+            record[0].2.as_str(),
+            record[0].3
+        ),
+        (failed, "retry", "cli", true)
+    );
+    assert_eq!((record[1].0, record[1].3), (done, false));
+    assert!(
+        record[1]
+            .4
+            .as_deref()
+            .unwrap_or("")
+            .contains("pgflow replay"),
+        "{record:?}"
+    );
 
     // replay: a new run, which completes with the same output.
     let replayed = json_of(url, &["replay", &done.to_string(), "--from", "each"]).await;
@@ -594,6 +622,13 @@ async fn read_commands_agree_with_the_database() {
         "{text}"
     );
     assert!(text.contains("[each: completed 4/4]"), "{text}");
+    let failed_text = ok(url, &["run", &failed.to_string()]).await;
+    assert!(failed_text.contains("[total: created]"), "{failed_text}");
+    assert!(failed_text.contains("element 1 is broken"), "{failed_text}");
+    assert!(
+        failed_text.contains(&format!("pgflow retry {failed}")),
+        "{failed_text}"
+    );
     let output = pgflow_tests::state::run_output(pool, done).await.unwrap();
     assert!(
         text.contains(&output.to_string()),

@@ -1,5 +1,6 @@
 //! `cancel`, `retry`, `replay`: run control through the runtime's client (`pgflow.cancel_run`,
-//! `cancel_runs`, `retry_run`, `replay_run`).
+//! `cancel_runs`, `retry_run`, `replay_run`). Each action on one run is written to the operator record
+//! (`pgflow.operator_actions`, source `cli`), refused ones too.
 
 use anyhow::bail;
 use pgflow_runtime::client::CancelFilter;
@@ -9,7 +10,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::cli::CancelArgs;
-use crate::db::{explain_client, About};
+use pgflow_runtime::admin::ActionKind;
+
+use crate::db::{self, explain_client, About};
 use crate::output::{self, Out};
 
 /// Runs cancelled per transaction by a bulk cancel.
@@ -19,10 +22,21 @@ const CANCEL_BATCH: u32 = 500;
 pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow::Result<()> {
     let client = Client::new(pool.clone());
     if let Some(id) = args.id {
-        let outcome = client
-            .cancel(id, args.reason.as_deref())
-            .await
-            .map_err(|e| explain_client(e, About::Run(id)))?;
+        let action = db::run_action(pool, ActionKind::Cancel, id).await;
+        let outcome = client.cancel(id, args.reason.as_deref()).await;
+        let detail = json!({ "reason": args.reason });
+        let outcome = match outcome {
+            Ok(o) => {
+                let detail = json!({ "reason": args.reason, "status": o.status.as_str(), "changed": o.changed });
+                db::record(pool, action.detail(detail)).await;
+                o
+            }
+            Err(e) => {
+                let e = explain_client(e, About::Run(id));
+                db::record(pool, action.detail(detail).outcome(Err(format!("{e:#}")))).await;
+                return Err(e);
+            }
+        };
         if out.json {
             return out.json(&json!({
                 "run_id": id,
@@ -106,10 +120,18 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
 
 /// `retry ID`.
 pub(crate) async fn retry(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()> {
-    let status = Client::new(pool.clone())
-        .retry(id)
-        .await
-        .map_err(|e| explain_client(e, About::Run(id)))?;
+    let action = db::run_action(pool, ActionKind::Retry, id).await;
+    let status = match Client::new(pool.clone()).retry(id).await {
+        Ok(status) => {
+            db::record(pool, action.detail(json!({ "status": status.as_str() }))).await;
+            status
+        }
+        Err(e) => {
+            let e = explain_client(e, About::Run(id));
+            db::record(pool, action.outcome(Err(format!("{e:#}")))).await;
+            return Err(e);
+        }
+    };
     if out.json {
         return out.json(&json!({ "run_id": id, "status": status.as_str() }));
     }
@@ -126,10 +148,20 @@ pub(crate) async fn replay(
     id: Uuid,
     from_step: &str,
 ) -> anyhow::Result<()> {
-    let new_run = Client::new(pool.clone())
-        .replay(id, from_step)
-        .await
-        .map_err(|e| explain_client(e, About::Run(id)))?;
+    let action = db::run_action(pool, ActionKind::Replay, id).await;
+    let new_run = match Client::new(pool.clone()).replay(id, from_step).await {
+        Ok(new_run) => {
+            let detail = json!({ "from_step": from_step, "new_run_id": new_run });
+            db::record(pool, action.detail(detail)).await;
+            new_run
+        }
+        Err(e) => {
+            let e = explain_client(e, About::Run(id));
+            let detail = json!({ "from_step": from_step });
+            db::record(pool, action.detail(detail).outcome(Err(format!("{e:#}")))).await;
+            return Err(e);
+        }
+    };
     if out.json {
         return out.json(&json!({ "run_id": new_run, "replay_of": id, "from_step": from_step }));
     }

@@ -17,6 +17,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     let out = Out { json: cli.json };
     let url = cli.database_url.as_deref();
     match cli.command {
+        Command::Sql if out.json => out.json(&serde_json::json!({
+            "latest": pgflow_sql::latest_version(),
+            "sql": pgflow_sql::install_script(),
+        })),
         Command::Sql => output::line(pgflow_sql::install_script().trim_end()),
         Command::Install => install::install(&db::connect(url).await?, out).await,
         Command::Status => read::status(&db::connect(url).await?, out).await,

@@ -192,9 +192,17 @@ pub(crate) async fn runs(pool: &PgPool, out: Out, args: RunsArgs) -> anyhow::Res
     Ok(())
 }
 
+/// `(finished, total)` tasks of a step that has started (a created step has no tasks yet).
+fn progress(step: &pgflow_runtime::admin::StepDetail) -> Option<(i32, i32)> {
+    match step.status {
+        pgflow_runtime::client::StepStatus::Created => None,
+        _ => step.progress(),
+    }
+}
+
 /// The state of a step as the DAG shows it: its status, and a started map step's progress.
 fn step_label(step: &pgflow_runtime::admin::StepDetail) -> String {
-    match step.progress() {
+    match progress(step) {
         Some((done, total)) if step.is_map() || total > 1 => {
             format!("{} {done}/{total}", step.status.as_str())
         }
@@ -326,9 +334,7 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
     output::line("")?;
     let mut table = output::table(["STEP", "TYPE", "STATUS", "TASKS", "QUEUE", "OUTPUT / ERROR"]);
     for s in &detail.steps {
-        let tasks = s
-            .progress()
-            .map_or_else(|| "-".to_owned(), |(d, t)| format!("{d}/{t}"));
+        let tasks = progress(s).map_or_else(|| "-".to_owned(), |(d, t)| format!("{d}/{t}"));
         let result = s
             .error_message
             .clone()

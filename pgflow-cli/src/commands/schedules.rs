@@ -1,5 +1,6 @@
 //! `schedules`: the schedules table as it stands, and pause / resume through the runtime's
-//! `pgflow_runtime::schedules` (`pgflow.pause_schedule` / `resume_schedule`).
+//! `pgflow_runtime::schedules` (`pgflow.pause_schedule` / `resume_schedule`), each written to the operator
+//! record.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -7,7 +8,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::cli::ScheduleAction;
-use crate::db::{explain, About};
+use pgflow_runtime::admin::{ActionKind, NewAction};
+
+use crate::db::{self, explain, About};
 use crate::output::{self, Out};
 
 /// One row of `pgflow.schedules`.
@@ -38,16 +41,35 @@ pub(crate) async fn schedules(
     match action.unwrap_or(ScheduleAction::List) {
         ScheduleAction::List => list(pool, out).await,
         ScheduleAction::Pause { name } => {
-            pgflow_runtime::schedules::pause(pool, &name)
-                .await
-                .map_err(|e| unknown(e, &name))?;
+            let result = pgflow_runtime::schedules::pause(pool, &name).await;
+            recorded(pool, ActionKind::PauseSchedule, &name, result).await?;
             done(out, &name, true)
         }
         ScheduleAction::Resume { name } => {
-            pgflow_runtime::schedules::resume(pool, &name)
-                .await
-                .map_err(|e| unknown(e, &name))?;
+            let result = pgflow_runtime::schedules::resume(pool, &name).await;
+            recorded(pool, ActionKind::ResumeSchedule, &name, result).await?;
             done(out, &name, false)
+        }
+    }
+}
+
+/// Writes a pause or resume to the operator record, and turns its error into a message.
+async fn recorded(
+    pool: &PgPool,
+    kind: ActionKind,
+    name: &str,
+    result: Result<(), sqlx::Error>,
+) -> anyhow::Result<()> {
+    let action = NewAction::on_schedule(db::actor(pool).await, "cli", kind, name);
+    match result {
+        Ok(()) => {
+            db::record(pool, action).await;
+            Ok(())
+        }
+        Err(e) => {
+            let e = unknown(e, name);
+            db::record(pool, action.outcome(Err(format!("{e:#}")))).await;
+            Err(e)
         }
     }
 }
