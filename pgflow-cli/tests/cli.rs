@@ -409,6 +409,7 @@ async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
     )
     .await;
     assert!(finished >= 8);
+    let events_before: i64 = scalar(pool, "select count(*) from pgflow.events").await;
     let pruned = json_of(url, &["prune", "--older-than", "0s", "--batch", "3"]).await;
     assert_eq!(pruned["runs"], json!(finished), "{pruned}");
     let left: i64 = scalar(
@@ -417,6 +418,13 @@ async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
     )
     .await;
     assert_eq!(left, 0);
+    let events_after: i64 = scalar(pool, "select count(*) from pgflow.events").await;
+    assert!(events_before > 0);
+    assert_eq!(
+        pruned["events"],
+        json!(events_before - events_after),
+        "{pruned}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

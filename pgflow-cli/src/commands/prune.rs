@@ -13,7 +13,7 @@ pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::
     let batch = i32::try_from(args.batch).unwrap_or(i32::MAX);
     let archived_bound = i64::from(batch) * 10;
     let bar = output::progress(out, 0, "pruning runs");
-    let (mut runs, mut archived, mut workers) = (0i64, 0i64, 0i64);
+    let (mut runs, mut archived, mut workers, mut events) = (0i64, 0i64, 0i64, 0i64);
     loop {
         let result: Value = match sqlx::query_scalar("select pgflow.prune_history($1, $2)")
             .bind(args.older_than)
@@ -30,24 +30,40 @@ pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::
             }
         };
         let count = |k: &str| result[k].as_i64().unwrap_or(0);
-        let (r, a, w) = (count("runs"), count("archived_messages"), count("workers"));
+        let (r, a, w, e) = (
+            count("runs"),
+            count("archived_messages"),
+            count("workers"),
+            count("events"),
+        );
         runs += r;
         archived += a;
         workers += w;
+        events += e;
         let r = u64::try_from(r).unwrap_or(0);
         bar.inc_length(r);
         bar.inc(r);
-        if r < u64::from(args.batch) && a < archived_bound && w < i64::from(batch) {
+        // Archived messages and events are bounded at ten times the batch per call.
+        if r < u64::from(args.batch)
+            && a < archived_bound
+            && w < i64::from(batch)
+            && e < archived_bound
+        {
             break;
         }
     }
     bar.finish_and_clear();
     if out.json {
-        return out
-            .json(&json!({ "runs": runs, "archived_messages": archived, "workers": workers }));
+        return out.json(&json!({
+            "runs": runs,
+            "archived_messages": archived,
+            "workers": workers,
+            "events": events,
+        }));
     }
     output::line(&format!(
-        "deleted {runs} finished run(s) older than {}, {archived} archived message(s) and {workers} stopped worker row(s)",
+        "deleted {runs} finished run(s) older than {}, {archived} archived message(s), {workers} stopped worker \
+         row(s) and {events} event(s)",
         humantime::format_duration(args.older_than)
     ))
 }
