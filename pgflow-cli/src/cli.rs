@@ -89,12 +89,29 @@ pub(crate) enum Command {
     },
     /// Delete finished runs (and their tasks and messages) older than a period, in bounded batches.
     Prune(PruneArgs),
+    /// Serve the web dashboard (runs, a run's DAG, queues, workers) until interrupted.
+    Dashboard(DashboardArgs),
     /// List schedules (cron, next and last fire, paused), or pause or resume one.
     Schedules {
         /// What to do (default: list).
         #[command(subcommand)]
         action: Option<ScheduleAction>,
     },
+}
+
+/// `dashboard`.
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// The address to listen on (keep it on localhost, or behind your own proxy and authentication).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub(crate) listen: std::net::SocketAddr,
+    /// The environment variable holding the token that enables write actions (cancel, retry, replay,
+    /// schedule pause and resume); without it the dashboard is read-only.
+    #[arg(long, value_name = "VAR")]
+    pub(crate) write_token_env: Option<String>,
+    /// Never read or show run inputs and outputs.
+    #[arg(long)]
+    pub(crate) hide_payloads: bool,
 }
 
 /// `schedules pause|resume NAME`.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pgflow_runtime::{flow, Flow, StepError, Worker};
 use pgflow_tests::state::{start, wait_finished};
-use pgflow_tests::Contents;
+use pgflow_tests::{Contents, LIMIT};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -699,4 +699,125 @@ async fn read_commands_agree_with_the_database() {
     );
 
     worker.stop().await.unwrap();
+}
+
+/// `GET path` over HTTP/1.1 on 127.0.0.1:`port`; the whole response (status line, headers, body) as text.
+async fn http_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_serves_the_runs_of_the_database_until_stopped() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let url = db.url();
+    compile::<parked_flow::ParkedFlow>(pool).await;
+    let run = start(pool, "parkedFlow", json!({"tenant": 5, "n": 1})).await;
+
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgflow"))
+        .args([
+            "--database-url",
+            url,
+            "--json",
+            "dashboard",
+            "--listen",
+            &listen,
+            "--hide-payloads",
+        ])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    tokio::time::timeout(
+        LIMIT,
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut first),
+    )
+    .await
+    .expect("the dashboard announces itself")
+    .unwrap();
+    let mut announced = first.clone();
+    // The JSON document is pretty-printed: read up to its closing brace.
+    while !announced.trim_end().ends_with('}') || announced.trim() == "{" {
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line)
+            .await
+            .unwrap();
+        assert!(!line.is_empty(), "stdout ended: {announced}");
+        announced.push_str(&line);
+    }
+    let announced: Value = serde_json::from_str(&announced).unwrap();
+    assert_eq!(announced["url"], json!(format!("http://{listen}/")));
+    assert_eq!(announced["writable"], json!(false));
+    assert_eq!(announced["hide_payloads"], json!(true));
+
+    let mut page = String::new();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            page = http_get(port, "/runs").await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.contains(&run.to_string()),
+        "the run list shows the run:\n{page}"
+    );
+    let detail = http_get(port, &format!("/runs/{run}")).await;
+    assert!(
+        detail.starts_with("HTTP/1.1 200") && detail.contains("hold"),
+        "{detail}"
+    );
+    child.kill().await.unwrap();
+
+    // The address is taken: exit 1, and the message says to pick another port.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let stderr = fails(Some(url), &["dashboard", "--listen", &taken_addr], 1).await;
+    assert!(stderr.contains("--listen 127.0.0.1:PORT"), "{stderr}");
+    drop(taken);
+
+    // A write token variable that is not set: exit 1, saying what to export.
+    let stderr = fails(
+        Some(url),
+        &[
+            "dashboard",
+            "--listen",
+            &listen,
+            "--write-token-env",
+            "PGFLOW_CLI_TEST_NO_SUCH_TOKEN",
+        ],
+        1,
+    )
+    .await;
+    assert!(
+        stderr.contains("PGFLOW_CLI_TEST_NO_SUCH_TOKEN") && stderr.contains("export"),
+        "{stderr}"
+    );
 }

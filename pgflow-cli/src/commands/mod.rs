@@ -6,6 +6,7 @@ use crate::db;
 use crate::output::{self, Out};
 
 mod control;
+mod dashboard;
 mod install;
 mod prune;
 mod read;
@@ -45,6 +46,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             rollout::retirable(&db::connect(url).await?, out, &flow_slug, queue.as_deref()).await
         }
         Command::Prune(args) => prune::prune(&db::connect(url).await?, out, &args).await,
+        Command::Dashboard(args) => dashboard::serve(&db::connect(url).await?, out, args).await,
         Command::Schedules { action } => {
             schedules::schedules(&db::connect(url).await?, out, action).await
         }
