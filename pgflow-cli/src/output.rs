@@ -86,19 +86,21 @@ pub(crate) fn short_json(value: &serde_json::Value, max: usize) -> String {
     }
 }
 
-/// A progress bar on stderr for `total` items (hidden when stderr is not a terminal, or with `--json`).
-pub(crate) fn progress(out: Out, total: u64, what: &str) -> ProgressBar {
+/// Progress on stderr for work done in batches whose total is not known up front (pruning, a bulk cancel):
+/// the items done so far, their rate and the time taken, updated with [`ProgressBar::inc`]. Hidden when
+/// stderr is not a terminal, or with `--json`.
+pub(crate) fn progress(out: Out, what: &str) -> ProgressBar {
     let bar = if out.json || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(total)
+        ProgressBar::new_spinner()
     };
     bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({elapsed})")
-            .expect("a valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template("{spinner} {msg}: {human_pos} ({per_sec}, {elapsed})")
+            .expect("a valid template"),
     );
     bar.set_message(what.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(100));
     bar
 }
 

@@ -88,7 +88,7 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
         bail!("not cancelled: the answer was not yes");
     }
 
-    let bar = output::progress(out, 0, "cancelling");
+    let bar = output::progress(out, "runs cancelled");
     let mut cancelled = 0u64;
     loop {
         let n = client
@@ -105,7 +105,6 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
             }
         };
         cancelled += n;
-        bar.inc_length(n);
         bar.inc(n);
         if n < u64::from(CANCEL_BATCH) {
             break;

@@ -12,7 +12,7 @@ use crate::output::{self, Out};
 pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::Result<()> {
     let batch = i32::try_from(args.batch).unwrap_or(i32::MAX);
     let archived_bound = i64::from(batch) * 10;
-    let bar = output::progress(out, 0, "pruning runs");
+    let bar = output::progress(out, "finished runs deleted");
     let (mut runs, mut archived, mut workers, mut events) = (0i64, 0i64, 0i64, 0i64);
     loop {
         let result: Value = match sqlx::query_scalar("select pgflow.prune_history($1, $2)")
@@ -41,7 +41,6 @@ pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::
         workers += w;
         events += e;
         let r = u64::try_from(r).unwrap_or(0);
-        bar.inc_length(r);
         bar.inc(r);
         // Archived messages and events are bounded at ten times the batch per call.
         if r < u64::from(args.batch)
