@@ -307,6 +307,24 @@ async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
     .await;
     assert!(stderr.contains(&format!("pgflow run {done}")), "{stderr}");
 
+    // A map of 205 elements: `run` lists the first 200 tasks and says so.
+    let big = start(pool, "cliFlow", json!({"tenant": 9, "n": 205})).await;
+    assert_eq!(wait_finished(pool, big).await, "completed");
+    let text = ok(url, &["run", &big.to_string()]).await;
+    assert!(text.contains("[each: completed 205/205]"), "{text}");
+    assert!(
+        text.contains("step each: 200 of its 205 tasks shown"),
+        "{text}"
+    );
+    let detail = json_of(url, &["run", &big.to_string()]).await;
+    let each_tasks = detail["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["step_slug"] == "each")
+        .count();
+    assert_eq!(each_tasks, 200);
+
     // Parked runs: one cancelled by id, the tenant-7 ones in bulk by input, the rest stay started.
     let mut parked = Vec::new();
     for tenant in [7, 7, 7, 8, 9] {

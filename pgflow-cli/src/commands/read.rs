@@ -377,6 +377,18 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         ]);
     }
     output::print_table(&table, "no tasks yet")?;
+    for s in &detail.steps {
+        let shown = detail.tasks_of(&s.step_slug).count();
+        if let Some(total) = s
+            .total_tasks
+            .filter(|&t| usize::try_from(t).unwrap_or(0) > shown)
+        {
+            output::line(&format!(
+                "step {}: {shown} of its {total} tasks shown (the first ones and the failed ones)",
+                s.step_slug
+            ))?;
+        }
+    }
 
     for x in &detail.retries {
         output::line(&format!(
