@@ -83,6 +83,21 @@ pub(crate) fn explain(e: sqlx::Error, about: About) -> anyhow::Error {
         Some(SqlState::FlowVersionGone) => Some(
             "the version was retired and its queues dropped; start a new run of the current version".to_owned(),
         ),
+        // An undefined schema, table or function of pgflow or PGMQ: not installed, or an older install.
+        Some(SqlState::Other(ref c))
+            if matches!(c.as_str(), "3F000" | "42P01" | "42883")
+                && (message.contains("pgflow") || message.contains("pgmq")) =>
+        {
+            Some(
+                "pgflow is not installed in this database, or is older than this command: run `pgflow install`"
+                    .to_owned(),
+            )
+        }
+        Some(SqlState::Other(ref c)) if c == "42501" => Some(
+            "this role lacks a right: connect as the owner of the pgflow schema, or grant the role what \
+             pgflow-sql/OPERATIONS.md lists"
+                .to_owned(),
+        ),
         _ => pg.and_then(|p| p.hint()).map(str::to_owned),
     };
     match hint {

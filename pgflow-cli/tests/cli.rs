@@ -140,6 +140,12 @@ async fn install_applies_every_migration_once_and_sql_prints_the_script() {
     let db = pgflow_tests::db_with(Contents::Empty).await;
     let url = db.url();
 
+    // Before install, read commands say to install.
+    let stderr = fails(Some(url), &["status"], 1).await;
+    assert!(stderr.contains("run `pgflow install`"), "{stderr}");
+    let stderr = fails(Some(url), &["runs"], 1).await;
+    assert!(stderr.contains("run `pgflow install`"), "{stderr}");
+
     let first = json_of(url, &["install"]).await;
     let applied: Vec<String> =
         sqlx::query_scalar("select version from pgflow.schema_migrations order by 1")
