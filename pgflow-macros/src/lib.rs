@@ -20,6 +20,7 @@ mod expand;
 mod fallback;
 mod pattern;
 mod queue;
+mod schedule;
 mod shape;
 
 /// Returns the expansion, printed to stderr first when `PGFLOW_MACRO_DEBUG=1`.
@@ -224,6 +225,28 @@ pub fn queue(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn deployment(args: TokenStream, item: TokenStream) -> TokenStream {
     debug(deployment::expand(args.into(), item.into()))
+}
+
+/// Declares a durable cron schedule of a flow: the function's body is the input of every run, and the
+/// function becomes one returning `pgflow_runtime::schedules::Schedule` (named after the function unless
+/// `name = "..."`), to pass to `WorkerBuilder::schedule` or `Schedule::set`.
+///
+/// ```ignore
+/// #[pgflow_runtime::schedule(flow = greet::Greet, cron = "0 3 * * *", time_zone = "Europe/Paris")]
+/// fn nightly_greeting() -> String {
+///     "Ada".to_owned()
+/// }
+/// // Worker::<greet::Greet>::builder(pool).schedule(nightly_greeting())
+/// ```
+///
+/// The cron expression (5 fields, or 6 with seconds first, or `@hourly`...) is parsed while the attribute
+/// expands: an invalid one is a compile error on the literal that quotes it. Options: `flow = Type`
+/// (required), `cron = "..."` (required), `time_zone = "IANA/Name"` (default UTC), `name = "..."`,
+/// `catch_up = N` (catch up at most N missed fires, 1 to 1000; default: skip them), `overlap = "skip"` or
+/// `"allow"` (default), `crate = "::path"`.
+#[proc_macro_attribute]
+pub fn schedule(args: TokenStream, item: TokenStream) -> TokenStream {
+    debug(schedule::expand(args.into(), item.into()))
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub enum Compilation {
 /// | `retention_batch` | 1000 | most runs deleted per retention batch; a sweep runs further batches at once while they come back full, up to `maintenance_interval` |
 /// | `shutdown_grace` | 30 s | how long in-flight handlers may finish, and their results be recorded, after shutdown is requested |
 /// | `cancel_grace` | 2 s | after the grace, how long cancelled handlers may still return |
+/// | `schedule_interval` | 1 s (`Some`) | how often this worker fires due schedules (`pgflow.schedules`; any worker may, each fire time starts one run) |
+/// | `schedules` | none | schedules this worker declares at startup ([`crate::schedules::Schedule`], see `WorkerBuilder::schedule`) |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
 /// | `completion_batch_size` | 64 | most outputs recorded in one exchange |
 /// | `completion_flushers` | 3 | most exchanges in flight at once (beyond one, only with a backlog) |
@@ -107,6 +109,10 @@ pub struct WorkerConfig {
     pub auto_install: bool,
     /// How the pool reaches PostgreSQL (directly, or through a transaction pooler).
     pub pooling: Pooling,
+    /// How often this worker fires due schedules; `None` leaves schedules to other workers.
+    pub schedule_interval: Option<Duration>,
+    /// Schedules this worker declares (stores or updates) at startup.
+    pub schedules: Vec<crate::schedules::Schedule>,
 }
 
 impl Default for WorkerConfig {
@@ -133,6 +139,8 @@ impl Default for WorkerConfig {
             compilation: Compilation::Verify,
             auto_install: false,
             pooling: Pooling::Direct,
+            schedule_interval: Some(Duration::from_secs(1)),
+            schedules: Vec::new(),
         }
     }
 }
@@ -259,6 +267,11 @@ impl WorkerConfig {
                 ms(100),
             ),
             ("retention", self.retention.unwrap_or(ms(1_000)), ms(1_000)),
+            (
+                "schedule_interval",
+                self.schedule_interval.unwrap_or(ms(10)),
+                ms(10),
+            ),
         ] {
             if value < min {
                 return Err(ConfigError::TooShort {

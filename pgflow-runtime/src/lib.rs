@@ -65,8 +65,11 @@ mod context;
 mod decode;
 pub mod deployments;
 mod error;
+pub mod flow_control;
 pub mod flows;
+pub mod observability;
 pub mod pooling;
+pub mod schedules;
 mod statements;
 pub mod step_queued;
 #[cfg(feature = "testing")]
@@ -83,7 +86,7 @@ pub use context::StepContext;
 pub use deployments::{Deployment, Queue, RoutesTo, Routing};
 pub use error::{BoxError, StepError};
 pub use flows::{Flow, FlowStep};
-pub use pgflow_macros::{deployment, flow, queue, step};
+pub use pgflow_macros::{deployment, flow, queue, schedule, step};
 pub use step_queued::StepQueued;
 pub use worker::{QueueWorker, Worker};
 

@@ -9,8 +9,10 @@ pub(crate) const ENSURE_FLOW_COMPILED: &str = "select pgflow.ensure_flow_compile
      flow_slug => $1, shape => $2, allow_data_loss => $3, queue_mode => $4, routes => $5, alias => $6)";
 
 /// Points an alias at a compiled version → `{alias, flow_slug, previous_flow_slug, activated_at, activated}`.
-pub(crate) const ACTIVATE_ALIAS: &str =
-    "select pgflow.activate_alias(alias => $1, flow_slug => $2)";
+/// The event log names the cause `worker_startup` (the transaction-local setting `pgflow.cause`, set before
+/// the call: `left(.., 0)` adds nothing to the alias).
+pub(crate) const ACTIVATE_ALIAS: &str = "select pgflow.activate_alias(\
+     alias => $1 || left(set_config('pgflow.cause', 'worker_startup', true), 0), flow_slug => $2)";
 
 /// Tracks the worker function → `{enabled, disabled_reason, ...}`: the fence, checked before activation.
 pub(crate) const TRACK_WORKER_FUNCTION: &str =
@@ -32,8 +34,9 @@ pub(crate) const REGISTER_WORKER: &str = "select pgflow.register_worker(worker_i
      function_name => $2, queue_name => $3, flow_slugs => $4, step_slugs => $5)";
 
 /// Disables a worker function persistently, with the reason (until an operator enables it again).
-pub(crate) const DISABLE_WORKER_FUNCTION: &str =
-    "select pgflow.disable_worker_function(function_name => $1, reason => $2)";
+/// The event log names the cause `worker` (see [`ACTIVATE_ALIAS`]).
+pub(crate) const DISABLE_WORKER_FUNCTION: &str = "select pgflow.disable_worker_function(\
+     function_name => $1 || left(set_config('pgflow.cause', 'worker', true), 0), reason => $2)";
 
 /// Heartbeat → `{enabled, deprecated, revived, ...}`, or NULL for an unknown worker.
 pub(crate) const HEARTBEAT: &str = "select pgflow.worker_heartbeat(worker_id => $1)";
@@ -76,17 +79,42 @@ pub(crate) const RUN_MAINTENANCE: &str = "select pgflow.run_maintenance(dead_aft
      retain_for => $2, prune_batch => $3)";
 
 /// Starts a run of a concrete slug or an alias → its id and the concrete slug it resolved to.
+#[cfg_attr(feature = "otel", allow(dead_code))]
 pub(crate) const START_FLOW: &str =
     "select run_id, flow_slug from pgflow.start_flow(flow_slug => $1, input => $2, run_id => $3)";
 
+/// As [`START_FLOW`], in trace context `$4` (feature `otel`): the transaction-local setting
+/// `pgflow.trace_context`, which a trigger stores with the run. The lateral reference to the setting's value
+/// makes the database set it before it starts the run (`left(.., 0)` adds nothing to the slug).
+#[cfg(feature = "otel")]
+pub(crate) const START_FLOW_TRACED: &str = "select s.run_id, s.flow_slug \
+     from (select set_config('pgflow.trace_context', $4, true) as v) c \
+     cross join lateral pgflow.start_flow(flow_slug => $1 || left(c.v, 0), input => $2, run_id => $3) s";
+
+/// As [`START_FLOWS`], in trace context `$3` (see [`START_FLOW_TRACED`]).
+#[cfg(feature = "otel")]
+pub(crate) const START_FLOWS_TRACED: &str = "select s.run_id \
+     from (select set_config('pgflow.trace_context', $3, true) as v) c \
+     cross join lateral pgflow.start_flows(flow_slug => $1 || left(c.v, 0), inputs => $2) s";
+
 /// Starts one run per input of a concrete slug or an alias, in one transaction → their ids in input order.
+#[cfg_attr(feature = "otel", allow(dead_code))]
 pub(crate) const START_FLOWS: &str =
     "select run_id from pgflow.start_flows(flow_slug => $1, inputs => $2)";
 
 /// Starts runs with an idempotency key per input (NULL: none), in input order.
+#[cfg_attr(feature = "otel", allow(dead_code))]
 pub(crate) const START_FLOWS_WITH_KEYS: &str = "select run_id from pgflow.start_flows_with_keys(\
      flow_slug => $1, inputs => $2, idempotency_keys => $3, \
      key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end)";
+
+/// As [`START_FLOWS_WITH_KEYS`], in trace context `$5` (see [`START_FLOW_TRACED`]).
+#[cfg(feature = "otel")]
+pub(crate) const START_FLOWS_WITH_KEYS_TRACED: &str = "select s.run_id \
+     from (select set_config('pgflow.trace_context', $5, true) as v) c \
+     cross join lateral pgflow.start_flows_with_keys(\
+     flow_slug => $1 || left(c.v, 0), inputs => $2, idempotency_keys => $3, \
+     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end) s";
 
 /// Cancels a run.
 pub(crate) const CANCEL_RUN: &str =

@@ -10,6 +10,7 @@
 --   * flow_aliases, shared_queues and worker_routes (deployments), queue_signals and run_watchers;
 --   * run control (13_run_control.sql): run status `cancelled` with its reason and time, replay_of and
 --     retry_count on runs, attempts_base on step_tasks, run_retries and idempotency_keys.
+--   * runs.trace_context (the W3C trace context a run was started in) and the event log pgflow.events.
 --
 -- The bookkeeping table pgflow.schema_migrations is created by the installer before anything here.
 
@@ -174,6 +175,9 @@ create table pgflow.runs (
   cancel_reason text,
   replay_of uuid,
   retry_count int not null default 0,
+  -- The W3C trace context the run was started in ({"traceparent": ..., "tracestate": ...}), taken from the
+  -- transaction-local setting pgflow.trace_context by a trigger (14_observability.sql); NULL without one.
+  trace_context jsonb,
   constraint status_is_valid check (status in ('started', 'failed', 'completed', 'cancelled')),
   constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
   constraint completed_at_is_after_started_at check (completed_at is null or completed_at >= started_at),
@@ -344,6 +348,35 @@ create unlogged table pgflow.run_watchers (
   since timestamptz not null default now(),
   primary key (run_id, backend_pid)
 );
+
+------------------------------------------------------------------------------------------------------------
+-- The event log
+------------------------------------------------------------------------------------------------------------
+
+-- The events that matter when something goes wrong, each naming what caused it (see 14_observability.sql
+-- for the kinds and causes). Written by pgflow._log_event; bounded by retention (prune_history).
+create table pgflow.events (
+  event_id bigint generated always as identity primary key,
+  occurred_at timestamptz not null default clock_timestamp(),
+  kind text not null,
+  -- What made it happen: 'worker_startup', 'worker', 'operator', 'claim', 'completion', 'maintenance', ...
+  cause text not null,
+  -- Who: a worker id, or the database role of an operator.
+  actor text,
+  run_id uuid,
+  flow_slug text,
+  step_slug text,
+  task_index int,
+  worker_id uuid,
+  queue_name text,
+  detail jsonb not null default '{}',
+  constraint kind_is_valid check (kind ~ '^[a-z][a-z0-9_]*$'),
+  constraint detail_is_object check (jsonb_typeof(detail) = 'object')
+);
+
+create index idx_events_occurred_at on pgflow.events (occurred_at);
+create index idx_events_run_id on pgflow.events (run_id) where run_id is not null;
+create index idx_events_kind on pgflow.events (kind, occurred_at);
 
 ------------------------------------------------------------------------------------------------------------
 -- Queue identity triggers

@@ -6,13 +6,18 @@
 --   1. advisory locks: the name locks of flow slugs and aliases (one namespace, in key order), a flow slug's
 --      compile lock, then queue-name locks in sorted order (compilation and alias activation); the
 --      maintenance lock (recovery and retention, try-only, never waited for);
+--   1b. `pgflow.schedules` rows (FOR UPDATE), one at a time: firing a schedule holds its row while it starts
+--      runs (which inserts rows and waits for no lock);
 --   2. `pgflow.runs` rows (FOR NO KEY UPDATE): every change of a run's state is serialised on its run row;
 --      several runs in run_id order;
 --   3. PGMQ message rows (`pgmq.q_<queue>`), per queue in msg_id order, several queues in queue-name order:
 --      pgmq.read takes them for a claim; every other path locks a task's message explicitly
 --      (pgflow._lock_messages) before it touches the task;
 --   4. `pgflow.step_tasks` rows, in (queue_name, message_id) order;
---   5. then `pgflow.step_states` and the run's counters (under the run row of 2).
+--   5. then `pgflow.step_states` and the run's counters (under the run row of 2);
+--   6. flow control's limit rows (`pgflow.queue_limits`, then `pgflow.key_limits` in (flow, step) order, FOR
+--      UPDATE): only a claim on a limited queue takes them, last; the slot trigger of a task leaving
+--      'started' takes parked messages with SKIP LOCKED only.
 --
 -- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
 -- Every other writer of a task holds that task's message first, so a claim never waits for a task row whose
@@ -31,7 +36,10 @@
 --                                          requeue_stalled_tasks, then requeue_dead_worker_tasks
 --   watch_run                              one run FOR SHARE
 --   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible: skip; explicit ids: waits, in
---   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order
+--   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order;
+--                                          on a limited queue (not start_tasks), then the limit rows
+--                                          (_apply_limits)
+--   trigger step_tasks_free_limit_slot     (a task leaving 'started') its slot row; parked messages skip
 --   complete_task(s) (_complete_tasks)     runs of the batch; the batch's messages plus, when an item can fail
 --                                          its run, the messages of that run's live tasks; then tasks, step
 --                                          states, run counters (_complete_task_exception, _advance_runs,
@@ -44,6 +52,7 @@
 --                                          task FOR UPDATE; then as _fail_task
 --   release_worker_tasks                   the worker's messages (per queue, message order), then tasks
 --   requeue_stalled_tasks                  messages skip, tasks skip; tasks whose message is gone: skip
+--   queue_stats                            none (counts each queue's messages without locking)
 --   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
 --                                          _fail_task; others: messages skip, tasks skip
 --   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
@@ -57,6 +66,8 @@
 --   start_flows_with_keys                  idempotency_keys rows in key order (a concurrent start with the same
 --                                          key waits for the first to commit), then as start_flows
 --   cancelled_tasks                        none (read only)
+--   fire_schedule, pause/resume_schedule   one schedule row FOR UPDATE; fire_schedule then starts runs
+--                                          (start_flows: new rows only)
 --
 -- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
 -- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.
@@ -108,6 +119,8 @@ declare
   v_report jsonb;
   v_vis_ids bigint[];
   v_vis_vts timestamptz[];
+  v_hold_ids bigint[];
+  v_hold_vts timestamptz[];
   -- After a locking read, every message is counted as read once, as pgmq.read would have.
   v_read int := case when _claim_tasks.read_vt is null then 0 else 1 end;
 begin
@@ -232,10 +245,30 @@ begin
     $q$, v_table)
     into v_report
     using v_unsupported_ids, v_queue, v_ids, _claim_tasks.flow_slugs, _claim_tasks.step_slugs;
+    perform pgflow._log_event('unsupported_stop', 'claim', worker_id => _claim_tasks.worker_id,
+                              queue_name => v_queue, detail => v_report);
 
     return query select 'unsupported'::text, null::bigint, null::text, null::uuid, null::text, null::int,
                         null::jsonb, null::jsonb, null::int, null::int, v_report;
     return;
+  end if;
+
+  -- Flow control (16_flow_control.sql), only on a queue with a limit: tasks over a concurrency or rate limit
+  -- are held (not claimed, no attempt spent, reported 'waiting'), their messages hidden until a slot frees
+  -- or a token comes; the others are admitted with a slot. Lock order step 6: the limit rows, last.
+  if v_claim_ids is not null and pgflow._queue_limited(v_queue) then
+    select array_agg(h.msg_id order by h.msg_id), array_agg(h.hide_until order by h.msg_id)
+    into v_hold_ids, v_hold_vts
+    from pgflow._apply_limits(v_queue, v_claim_ids) h;
+    if v_hold_ids is not null then
+      select array_agg(c.id order by c.id), array_agg(c.run_id order by c.id), array_agg(c.step_slug order by c.id),
+             array_agg(c.task_index order by c.id), array_agg(c.secs order by c.id)
+      into v_claim_ids, v_run_ids, v_step_slugs, v_task_indexes, v_secs
+      from unnest(v_claim_ids, v_run_ids, v_step_slugs, v_task_indexes, v_secs)
+             as c(id, run_id, step_slug, task_index, secs)
+      where c.id <> all (v_hold_ids);
+      v_wait_ids := coalesce(v_wait_ids, '{}') || v_hold_ids;
+    end if;
   end if;
 
   -- Fully supported batch: claim, defer, archive.
@@ -255,7 +288,8 @@ begin
   -- Each message's visibility, in one update: claimed ones for the step timeout plus the claim buffer,
   -- deferred ones until their recovery boundary; after a locking read, the others from now for read_vt
   -- seconds, as pgmq.read leaves them (archived ones are archived next).
-  if v_claim_ids is not null or v_defer_ids is not null or _claim_tasks.read_vt is not null then
+  if v_claim_ids is not null or v_defer_ids is not null or v_hold_ids is not null
+     or _claim_tasks.read_vt is not null then
     select array_agg(v.id), array_agg(v.vt) into v_vis_ids, v_vis_vts
     from (
       select c.id, clock_timestamp() + make_interval(secs => c.secs) as vt
@@ -263,9 +297,12 @@ begin
       union all
       select d.id, d.vt from unnest(v_defer_ids, v_defer_vts) as d(id, vt)
       union all
+      -- Held by a limit: hidden until the time flow control chose.
+      select h.id, h.vt from unnest(v_hold_ids, v_hold_vts) as h(id, vt)
+      union all
       select o.id, clock_timestamp() + make_interval(secs => _claim_tasks.read_vt)
       from unnest(coalesce(v_wait_ids, '{}') || coalesce(v_archive_ids, '{}')) as o(id)
-      where _claim_tasks.read_vt is not null
+      where _claim_tasks.read_vt is not null and o.id <> all (coalesce(v_hold_ids, '{}'))
     ) v;
     select count(*) into v_updated
     from unnest(pgflow._queue_op(v_queue, 'visibility', v_vis_ids, v_vis_vts, v_read)) as u(id)
@@ -280,11 +317,14 @@ begin
   if v_archive_ids is not null then
     perform pgflow._queue_op(v_queue, 'archive', v_archive_ids);
   end if;
+  if v_defer_ids is not null then
+    perform pgflow._log_deferred_reads(v_queue, v_defer_ids, _claim_tasks.worker_id);
+  end if;
 
   if v_claim_ids is not null then
     return query
     select 'claimed'::text, c.msg_id, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input,
-           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), null::jsonb
+           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), r.trace_context
     from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
            with ordinality as c(run_id, step_slug, task_index, msg_id, ord)
     join pgflow.step_tasks t on t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
@@ -329,7 +369,8 @@ $$;
 -- Returns rows, so a worker decodes no document:
 --   outcome 'claimed'      one row per claimed task: msg_id, flow_slug, run_id, step_slug, task_index, input,
 --                          flow_input, attempts_count (the attempt this claim started: every result carries
---                          it, the fence), timeout (the effective step timeout in seconds); in msg_id order
+--                          it, the fence), timeout (the effective step timeout in seconds), report (the run's
+--                          trace context, NULL without one); in msg_id order
 --   outcome 'deferred' | 'archived' | 'waiting'   one row per such message (msg_id only)
 --   outcome 'unsupported'  exactly one row, report = {"queue_name", "msg_ids" (the whole batch, visible again),
 --                          "unsupported_msg_ids", "flows", "steps", "messages": [{"msg_id", "reason",

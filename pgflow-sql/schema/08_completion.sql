@@ -682,6 +682,11 @@ begin
     end loop;
   end if;
 
+  -- Results that changed nothing leave a trace in the event log.
+  if coalesce(cardinality(v_applied), 0) < cardinality(p_run_ids) then
+    perform pgflow._log_stale_results(p_run_ids, p_step_slugs, p_task_indexes, p_attempts, p_worker_id, v_applied);
+  end if;
+
   return query
   select i.ord::int, i.ord = any (v_applied), t
   from unnest(p_run_ids, p_step_slugs, p_task_indexes) with ordinality as i(run_id, step_slug, task_index, ord)
@@ -818,6 +823,11 @@ begin
   from pgflow._fail_task(fail_task.run_id, fail_task.step_slug, fail_task.task_index, fail_task.error_message,
                          coalesce(fail_task.terminal, false), fail_task.attempt, fail_task.worker_id,
                          fail_task.retry_delay_seconds) f;
+  if (v_result.task).run_id is not null and not v_result.applied then
+    perform pgflow._log_stale_results(array[fail_task.run_id], array[fail_task.step_slug],
+                                      array[fail_task.task_index], array[fail_task.attempt], fail_task.worker_id,
+                                      '{}');
+  end if;
   if (v_result.task).run_id is not null then
     return next ((v_result.task).run_id, (v_result.task).step_slug, (v_result.task).task_index,
                  case when v_result.applied then 'applied' else 'stale' end,

@@ -303,7 +303,7 @@ begin
   loop
     v_result := pgflow.prune_history(retention_interval, 1000);
     exit when (v_result ->> 'runs')::int < 1000 and (v_result ->> 'archived_messages')::int < 10000
-          and (v_result ->> 'workers')::int < 1000;
+          and (v_result ->> 'workers')::int < 1000 and (v_result ->> 'events')::int < 10000;
   end loop;
 end;
 $$;
@@ -390,8 +390,15 @@ begin
     for update skip locked);
   get diagnostics v_workers = row_count;
 
+  -- The event log: oldest first, at most max_runs * 10 per call, like archived messages.
+  delete from pgflow.events e
+  where e.event_id in (
+    select o.event_id from pgflow.events o where o.occurred_at < v_cutoff
+    order by o.occurred_at limit max_runs * 10);
+  get diagnostics v_n = row_count;
+
   return jsonb_build_object('runs', cardinality(v_run_ids), 'archived_messages', v_archived,
-                            'workers', v_workers);
+                            'workers', v_workers, 'events', v_n);
 end;
 $$;
 

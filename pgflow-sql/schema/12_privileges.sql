@@ -43,7 +43,11 @@ as $$
     'pgflow.requeue_stalled_tasks()',
     'pgflow.requeue_dead_worker_tasks(interval)',
     'pgflow.run_maintenance(interval,interval,integer)',
-    'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])'
+    'pgflow.cancelled_tasks(uuid[],text[],integer[],integer[])',
+    'pgflow.queue_stats()',
+    'pgflow.set_schedule(text,text,text,text,jsonb,text,integer,text,timestamp with time zone)',
+    'pgflow.due_schedules(timestamp with time zone,integer)',
+    'pgflow.fire_schedule(text,timestamp with time zone,timestamp with time zone[],timestamp with time zone,text)'
   ]
 $$;
 
@@ -67,7 +71,8 @@ as $$
     'pgflow.cancel_run(uuid,text)',
     'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer)',
     'pgflow.retry_run(uuid,text)',
-    'pgflow.replay_run(uuid,text)'
+    'pgflow.replay_run(uuid,text)',
+    'pgflow.queue_stats()'
   ]
 $$;
 

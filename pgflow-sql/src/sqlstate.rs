@@ -94,6 +94,8 @@ sqlstates! {
     InsufficientPrivilege = "42501",
     /// `42710` (`duplicate_object`), for example a queue that exists without pgflow.
     DuplicateObject = "42710",
+    /// `42704` (`undefined_object`), for example a schedule of a flow or alias that is not compiled.
+    UndefinedObject = "42704",
 }
 
 impl SqlState {

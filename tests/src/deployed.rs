@@ -119,3 +119,37 @@ pub mod zero_config_steps {
         Ok(n * 2)
     }
 }
+
+/// A one-step flow that schedules start: the `schedule_worker` binary serves it and fires its schedule.
+#[pgflow_runtime::flow(slug = "scheduledTicks", input = i64)]
+pub mod scheduled_ticks {
+    use pgflow_runtime::StepError;
+
+    /// Returns its input.
+    #[step]
+    async fn tick(n: i64) -> Result<i64, StepError> {
+        Ok(n)
+    }
+}
+
+/// Work of a tenant, for flow-control tests.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TenantJob {
+    /// The key of the per-key limit.
+    pub tenant: String,
+}
+
+/// A one-step flow whose handler takes a while, so that unlimited workers would overlap: the
+/// `schedule_worker limited` binary serves it under the limits a test sets.
+#[pgflow_runtime::flow(slug = "limitedWork", input = TenantJob)]
+pub mod limited_work {
+    use super::TenantJob;
+    use pgflow_runtime::StepError;
+
+    /// Sleeps 100 ms and returns the tenant.
+    #[step]
+    async fn work(job: TenantJob) -> Result<String, StepError> {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Ok(job.tenant)
+    }
+}

@@ -84,8 +84,12 @@ async fn warm_wal(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 
 impl BenchDb {
     /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
-    /// PGMQ and pgflow installed.
-    pub(crate) async fn open(profile: bool) -> Result<Self, BenchError> {
+    /// PGMQ and pgflow installed. With `trace_context`, every run started in it gets that W3C trace context
+    /// (the database default of the setting `pgflow.trace_context`), so every task attempt is a span.
+    pub(crate) async fn open(
+        profile: bool,
+        trace_context: Option<&str>,
+    ) -> Result<Self, BenchError> {
         let (temp, admin) = match std::env::var("DATABASE_URL") {
             Ok(url) if !url.is_empty() => (None, url.parse::<PgConnectOptions>()?),
             _ => {
@@ -107,6 +111,14 @@ impl BenchDb {
             // Sessions opened from now on time every PL function (pg_stat_user_functions).
             sqlx::query(&format!(
                 "alter database \"{name}\" set track_functions = 'pl'"
+            ))
+            .execute(&mut conn)
+            .await?;
+        }
+        if let Some(ctx) = trace_context {
+            sqlx::query(&format!(
+                "alter database \"{name}\" set pgflow.trace_context = '{}'",
+                ctx.replace('\'', "''")
             ))
             .execute(&mut conn)
             .await?;

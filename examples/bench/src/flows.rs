@@ -41,3 +41,22 @@ pub(crate) mod map10 {
         Ok(x * 2)
     }
 }
+
+/// One tenant's job, for the flow-control scenarios (public: the flow's input type appears in the
+/// generated flow type's interface).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[allow(unreachable_pub)]
+pub struct TenantJob {
+    /// The key of the per-key limit.
+    pub tenant: String,
+}
+
+#[flow(slug = "benchTenant", input = TenantJob)]
+pub(crate) mod tenant {
+    use super::{StepError, TenantJob};
+
+    #[step]
+    async fn work(job: TenantJob) -> Result<usize, StepError> {
+        Ok(job.tenant.len())
+    }
+}

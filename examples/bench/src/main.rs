@@ -15,11 +15,14 @@
 //!
 //! The processes scenario (`--only processes`: 1, 4 and 16 worker OS processes) and the idle latency probe
 //! (`--only probe`) are in `processes.rs`; they run only when named.
+//! The control scenario (`--only control`) measures tenant B's wait behind tenant A's backlog under a per-key
+//! limit, and schedule fire lateness (`control.rs`).
 //!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
 mod budget;
+mod control;
 mod db;
 mod floor;
 mod flows;
@@ -30,6 +33,8 @@ mod sustained;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use tokio_util::sync::CancellationToken;
 
@@ -91,6 +96,9 @@ struct Args {
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
     profile: bool,
+    /// Metrics and tracing on: a Prometheus recorder (rendered, not served) and an OpenTelemetry tracer
+    /// provider whose spans go to a `tracing-opentelemetry` layer and are then dropped.
+    observability: bool,
     /// Finished tasks the history scenario grows.
     history_tasks: u64,
     /// Concurrency levels of the history scenario's drains.
@@ -110,6 +118,10 @@ struct Args {
     sustained_retention: u64,
     /// The processes scenario and the idle probe.
     processes: processes::Settings,
+    /// Tenant A's backlog in the flow-control scenario.
+    control_backlog: usize,
+    /// Seconds the schedule of the flow-control scenario fires after the tenants drained.
+    control_seconds: u64,
 }
 
 impl Args {
@@ -130,6 +142,7 @@ impl Args {
             latency_starts: vec![Starts::Set],
             only: Vec::new(),
             profile: false,
+            observability: false,
             history_tasks: 1_000_000,
             history_ks: vec![4, 16],
             history_repeat: 2,
@@ -147,6 +160,8 @@ impl Args {
                 probe_samples: 100,
                 probe_interval: Duration::from_millis(200),
             },
+            control_backlog: 2000,
+            control_seconds: 10,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -193,11 +208,14 @@ impl Args {
                 "--probe-interval-ms" => {
                     args.processes.probe_interval = Duration::from_millis(one(&flag, &value()?)?)
                 }
+                "--control-backlog" => args.control_backlog = one(&flag, &value()?)?,
+                "--control-seconds" => args.control_seconds = one(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
+                "--observability" => args.observability = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,diamond,map10] [--profile]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--control-backlog N] [--control-seconds S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,control,diamond,map10] [--profile] [--observability]"
                             .into(),
                     )
                 }
@@ -347,12 +365,22 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let provider = args.observability.then(observability_on);
+    let otel = provider.as_ref().map(|p| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer().with_tracer(p.tracer("bench"))
+    });
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(filter)
+        .with(fmt)
         .init();
+    if provider.is_some() {
+        eprintln!("observability: metrics (Prometheus recorder) and tracing (OpenTelemetry) on");
+    }
     match run(&args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -362,13 +390,34 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Installs a Prometheus recorder (not served: the bench measures recording, not scraping) and an
+/// OpenTelemetry tracer provider (global) that samples every span and drops it at the end.
+fn observability_on() -> opentelemetry_sdk::trace::SdkTracerProvider {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the metrics recorder installs");
+    pgflow_runtime::observability::describe();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_id_generator(pgflow_runtime::observability::otel::AttemptIds::default())
+        .build();
+    opentelemetry::global::set_tracer_provider(provider.clone());
+    provider
+}
+
 /// How far the batched floor measured again after the latency runs may move from the first measurement
 /// for the run to count as quiet.
 const QUIET_WITHIN: f64 = 0.15;
 
 async fn run(args: &Args) -> Result<(), BenchError> {
     let started = Instant::now();
-    let db = BenchDb::open(args.profile).await?;
+    // With --observability every run is started in one trace (a root span made here), so every task attempt
+    // is a span, as with a client that starts runs inside traced requests.
+    let trace_context = args
+        .observability
+        .then(|| pgflow_runtime::observability::otel::start_context("bench"))
+        .flatten()
+        .map(|v| v.to_string());
+    let db = BenchDb::open(args.profile, trace_context.as_deref()).await?;
     eprintln!("server: {}", db.server_version);
     eprintln!("settings: {}", db.settings);
     let mut rows: Vec<Row> = Vec::new();
@@ -571,6 +620,31 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             Err(BenchError::Invalid(message)) => {
                 eprintln!("sustained: INVALID: {message}");
                 invalid.push(format!("sustained: {message}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // Flow control and schedules: tenant B's wait behind tenant A's backlog, schedule fire lateness.
+    if args.wants(&["control"]) {
+        db.settle().await?;
+        match control::run(&db, args.control_backlog, args.control_seconds).await {
+            Ok(figures) => {
+                for f in figures {
+                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                    rows.push(Row {
+                        what: f.what,
+                        k: 16,
+                        value: f.value,
+                        unit: f.unit,
+                        extra: f.extra,
+                        wal: None,
+                    });
+                }
+            }
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("control: INVALID: {message}");
+                invalid.push(format!("control: {message}"));
             }
             Err(e) => return Err(e),
         }

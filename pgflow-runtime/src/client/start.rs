@@ -107,12 +107,16 @@ pub(crate) async fn start_many_with<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    Ok(sqlx::query_scalar(statements::START_FLOWS)
+    #[cfg(feature = "otel")]
+    let query = sqlx::query_scalar(statements::START_FLOWS_TRACED)
         .bind(flow_slug)
         .bind(inputs)
-        .persistent(persistent)
-        .fetch_all(executor)
-        .await?)
+        .bind(crate::observability::otel::start_setting(flow_slug));
+    #[cfg(not(feature = "otel"))]
+    let query = sqlx::query_scalar(statements::START_FLOWS)
+        .bind(flow_slug)
+        .bind(inputs);
+    Ok(query.persistent(persistent).fetch_all(executor).await?)
 }
 
 /// Starts one run per input with an idempotency key each (`None`: no key), as `pgflow.start_flows_with_keys`:
@@ -128,14 +132,20 @@ pub(crate) async fn start_keyed_with<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    Ok(sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS)
+    #[cfg(feature = "otel")]
+    let query = sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS_TRACED)
         .bind(flow_slug)
         .bind(inputs)
         .bind(keys)
         .bind(window_seconds)
-        .persistent(persistent)
-        .fetch_all(executor)
-        .await?)
+        .bind(crate::observability::otel::start_setting(flow_slug));
+    #[cfg(not(feature = "otel"))]
+    let query = sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS)
+        .bind(flow_slug)
+        .bind(inputs)
+        .bind(keys)
+        .bind(window_seconds);
+    Ok(query.persistent(persistent).fetch_all(executor).await?)
 }
 
 /// A typed input as JSON, or [`ClientError::Input`] naming the flow.
@@ -233,13 +243,18 @@ pub(crate) async fn start_named_with<'e, E>(
 where
     E: sqlx::Executor<'e, Database = Postgres>,
 {
-    let (run_id, flow_slug) = sqlx::query_as(statements::START_FLOW)
+    #[cfg(feature = "otel")]
+    let query = sqlx::query_as(statements::START_FLOW_TRACED)
         .bind(name)
         .bind(input)
         .bind(run_id)
-        .persistent(persistent)
-        .fetch_one(executor)
-        .await?;
+        .bind(crate::observability::otel::start_setting(name));
+    #[cfg(not(feature = "otel"))]
+    let query = sqlx::query_as(statements::START_FLOW)
+        .bind(name)
+        .bind(input)
+        .bind(run_id);
+    let (run_id, flow_slug) = query.persistent(persistent).fetch_one(executor).await?;
     Ok(StartedRun { run_id, flow_slug })
 }
 

@@ -25,6 +25,11 @@ pub(crate) struct Claimed {
     pub(crate) attempt: i32,
     /// The step's effective timeout in seconds, from the database at claim time.
     pub(crate) timeout: i64,
+    /// When the claim came back (the task then waits for a handler slot).
+    pub(crate) claimed_at: std::time::Instant,
+    /// The run's W3C trace context (`{"traceparent", "tracestate"}`), when it was started in one.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    pub(crate) trace_context: Option<Value>,
 }
 
 /// The messages a worker must not run (no bodies).
@@ -201,6 +206,8 @@ fn claimed(row: ClaimRow) -> Result<Claimed, ClaimError> {
         flow_input: row.flow_input,
         attempt: row.attempts_count.ok_or_else(|| need("attempts_count"))?,
         timeout: i64::from(row.timeout.ok_or_else(|| need("timeout"))?),
+        claimed_at: std::time::Instant::now(),
+        trace_context: row.report,
     })
 }
 

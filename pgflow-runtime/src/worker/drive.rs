@@ -96,6 +96,8 @@ struct Cycle {
     /// One unrecorded-result permit per task asked for.
     rooms: Vec<OwnedSemaphorePermit>,
     result: Result<Exchanged, ClaimError>,
+    /// How long the call took (the claim round trip).
+    took: Duration,
 }
 
 /// Where a stopping driver is.
@@ -374,6 +376,14 @@ impl DriverLoop {
 
     /// An exchange ended.
     fn on_exchanged(&mut self, cycle: Cycle) {
+        let metrics = &self.d.recorder.metrics;
+        if let Ok(exchanged) = &cycle.result {
+            metrics.claim.record(cycle.took.as_secs_f64());
+            metrics.batch_outputs.record(cycle.outputs.len() as f64);
+            if let ClaimOutcome::Claimed(tasks) = &exchanged.claim {
+                metrics.batch_claimed.record(tasks.len() as f64);
+            }
+        }
         self.claiming -= cycle.rooms.len();
         self.recording.ended(&cycle.outputs);
         if let Some(conn) = cycle.conn {
@@ -392,6 +402,8 @@ impl DriverLoop {
             }
             Err(ClaimError::Database(e)) => self.on_exchange_failed(e, cycle.outputs),
         }
+        let unrecorded = self.d.config.max_unrecorded - self.rooms.available_permits();
+        self.d.recorder.metrics.unrecorded.set(unrecorded as f64);
     }
 
     fn on_exchange_ok(
@@ -409,6 +421,7 @@ impl DriverLoop {
         recorder.recorded(exchanged.completions, &outputs);
         recorder.done(outputs);
         if exchanged.deferred > 0 {
+            recorder.metrics.deferred.increment(exchanged.deferred);
             recorder
                 .stats
                 .deferred
@@ -421,6 +434,7 @@ impl DriverLoop {
         match exchanged.claim {
             ClaimOutcome::Claimed(tasks) => self.on_claimed(tasks, rooms),
             ClaimOutcome::Unsupported(unsupported) => {
+                recorder.metrics.unsupported.increment(1);
                 self.fatal.get_or_insert(Fatal(unsupported));
                 self.d.stop.cancel();
             }
@@ -456,6 +470,10 @@ impl DriverLoop {
             self.poll_at = (!self.want_claim).then(|| now + jitter(self.idle.next_delay()));
         }
         let mut permits = rooms.into_iter();
+        let metrics = &self.d.recorder.metrics;
+        for task in &tasks {
+            metrics.on(&task.flow_slug, &task.step_slug, |m| m.claimed.increment(1));
+        }
         for task in tasks {
             let room = permits.next().expect("never more tasks than asked for");
             if self.stopping.is_none() {
@@ -569,16 +587,19 @@ fn exchange(
                         outputs,
                         rooms,
                         result: Err(ClaimError::Database(e)),
+                        took: Duration::ZERO,
                     }
                 }
             },
         };
+        let started = Instant::now();
         let result = claimer.exchange(&mut conn, &outputs, rooms.len()).await;
         Cycle {
             conn: result.is_ok().then_some(conn),
             outputs,
             rooms,
             result,
+            took: started.elapsed(),
         }
     }
     .boxed()

@@ -9,6 +9,9 @@ use crate::decode::text_enum;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkerError {
+    /// A declared schedule is invalid or was refused by the database (nothing of it was stored).
+    #[error("{0}")]
+    Schedule(#[from] crate::schedules::ScheduleError),
     /// An invalid setting.
     #[error("invalid worker configuration: {0}")]
     Config(#[from] ConfigError),

@@ -17,6 +17,7 @@ use super::record::Pending;
 use super::registry::{step_deadline, Registry, TaskFacts};
 use super::result::{Outcome, TaskKey, TaskResult};
 use super::revoke::Revocations;
+use crate::observability::worker::WorkerMetrics;
 
 /// What running tasks share.
 pub(crate) struct Shared {
@@ -32,6 +33,10 @@ pub(crate) struct Shared {
     pub(crate) pooled: bool,
     /// The tasks in flight, checked in the background for cancellation.
     pub(crate) revocations: Revocations,
+    pub(crate) metrics: Arc<WorkerMetrics>,
+    /// This worker, for the attempt spans.
+    #[cfg(feature = "otel")]
+    pub(crate) worker_id: uuid::Uuid,
 }
 
 enum Ran {
@@ -51,9 +56,24 @@ pub(crate) async fn execute(
     slot: OwnedSemaphorePermit,
     unrecorded: OwnedSemaphorePermit,
 ) {
+    // With `otel`, the attempt's span is current while the task's tracing span is created, so that span and
+    // the handler's own spans nest under it; the attempt span ends when `attempt_cx` is dropped.
+    #[cfg(feature = "otel")]
+    let attempt_cx = crate::observability::otel::attempt_context(&task, shared.worker_id);
+    #[cfg(feature = "otel")]
+    let _attached = attempt_cx.as_ref().map(|cx| cx.clone().attach());
     let span = tracing::debug_span!("pgflow.task", flow = %task.flow_slug, step = %task.step_slug,
         run_id = %task.run_id, task_index = task.task_index, msg_id = task.msg_id, attempt = task.attempt);
+    #[cfg(feature = "otel")]
+    drop(_attached);
     async move {
+        #[cfg(feature = "otel")]
+        let _attempt = attempt_cx;
+        let step_metrics = shared.metrics.step(&task.flow_slug, &task.step_slug);
+        if let Some(m) = step_metrics {
+            m.wait.record(task.claimed_at.elapsed().as_secs_f64());
+        }
+        shared.metrics.in_flight.increment(1.0);
         let key = TaskKey {
             run_id: task.run_id,
             flow_slug: task.flow_slug.clone(),
@@ -66,6 +86,10 @@ pub(crate) async fn execute(
         let outcome = run(&shared, task).await;
         let ran_for = started.elapsed();
         drop(slot);
+        shared.metrics.in_flight.decrement(1.0);
+        if let Some(m) = step_metrics {
+            m.handler.record(ran_for.as_secs_f64());
+        }
         let Some(outcome) = outcome else {
             return;
         };

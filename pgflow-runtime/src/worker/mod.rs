@@ -11,7 +11,7 @@
 mod answers;
 mod background;
 mod batch;
-mod claim;
+pub(crate) mod claim;
 mod connect;
 mod drive;
 mod error;
@@ -223,6 +223,15 @@ impl<K, C> WorkerBuilder<K, C> {
         /// How the pool reaches PostgreSQL (default [`Pooling::Direct`](crate::pooling::Pooling::Direct));
         /// [`Pooling::transaction()`](crate::pooling::Pooling::transaction) behind PgBouncer in transaction mode.
         pooling: crate::pooling::Pooling,
+        /// How often to fire due schedules, `None` to leave them to other workers (default 1 s).
+        schedule_interval: Option<Duration>,
+    }
+
+    /// Declares a schedule: stored (or updated) at startup, before the worker claims anything; an invalid
+    /// one fails startup with [`WorkerError::Schedule`].
+    pub fn schedule(mut self, schedule: crate::schedules::Schedule) -> Self {
+        self.config.schedules.push(schedule);
+        self
     }
 
     /// The worker function (`pgflow.worker_functions.function_name`); default: the queue name.

@@ -17,6 +17,7 @@ use uuid::Uuid;
 use super::result::{Completion, Outcome, OutputColumns, TaskKey, TaskResult};
 use super::retry::{retry, transient, Backoff, GaveUp};
 use crate::decode::{Recorded, TaskStatus};
+use crate::observability::worker::WorkerMetrics;
 use crate::statements;
 
 /// How long a result is retried through database errors before it is left to recovery (a database restart
@@ -37,6 +38,7 @@ pub(crate) type Pending = Arc<Mutex<HashMap<i64, TaskKey>>>;
 
 /// The recording side of a worker.
 pub(crate) struct Recorder {
+    pub(crate) metrics: Arc<WorkerMetrics>,
     pub(crate) pool: PgPool,
     pub(crate) worker_id: Uuid,
     pub(crate) backoff_max: Duration,
@@ -111,19 +113,27 @@ impl Recorder {
         items: &[TaskResult],
     ) {
         for c in completions {
-            if c.recorded == Recorded::Applied {
+            let item = items.iter().find(|i| {
+                i.key.run_id == c.run_id
+                    && i.key.step_slug == c.step_slug
+                    && i.key.task_index == c.task_index
+            });
+            let applied = c.recorded == Recorded::Applied;
+            if let Some(i) = item {
+                self.metrics.on(&i.key.flow_slug, &i.key.step_slug, |m| {
+                    if applied {
+                        m.completed.increment(1)
+                    } else {
+                        m.stale.increment(1)
+                    }
+                });
+            }
+            if applied {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             self.stats.stale.fetch_add(1, Ordering::Relaxed);
-            let ours = items
-                .iter()
-                .find(|i| {
-                    i.key.run_id == c.run_id
-                        && i.key.step_slug == c.step_slug
-                        && i.key.task_index == c.task_index
-                })
-                .map(|i| i.key.attempt);
+            let ours = item.map(|i| i.key.attempt);
             tracing::warn!(run_id = %c.run_id, step = %c.step_slug, task_index = c.task_index, attempt = ?ours,
                 current_attempt = c.current_attempt, status = %c.status,
                 "stale output ignored: the task moved on to another attempt or finished");
@@ -167,6 +177,13 @@ impl Recorder {
         match row {
             Ok(Some((Recorded::Applied, status, current))) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                self.metrics.on(&key.flow_slug, &key.step_slug, |m| {
+                    if status == TaskStatus::Queued {
+                        m.retried.increment(1)
+                    } else {
+                        m.failed.increment(1)
+                    }
+                });
                 if status == TaskStatus::Queued {
                     tracing::warn!(error = %message, retry_in_s = ?delay, "task failed; it will be retried");
                 } else {
@@ -175,6 +192,8 @@ impl Recorder {
             }
             Ok(Some((_, status, current))) => {
                 self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .on(&key.flow_slug, &key.step_slug, |m| m.stale.increment(1));
                 tracing::warn!(error = %message, current_attempt = current, status = %status,
                     "stale failure ignored: the task moved on to another attempt or finished");
             }

@@ -1,6 +1,7 @@
 //! The worker's life after startup: the background duties, the driver (claims, handlers, results and
 //! the stop, see `drive.rs`), handing back what is left, and the report.
 
+use crate::observability::worker::WorkerMetrics;
 use crate::pooling::run;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,11 @@ pub(crate) async fn prepare(
     worker_id: Uuid,
 ) -> Result<Ready, WorkerError> {
     let prepared = startup::prepare(&pool, &registry, &config, worker_id).await?;
+    for schedule in &config.schedules {
+        schedule
+            .set_with(&pool, config.pooling.is_transaction())
+            .await?;
+    }
     let deployments: Vec<String> = prepared
         .deployments
         .iter()
@@ -143,7 +149,14 @@ fn driver(
 ) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
     let pending: Pending = Arc::default();
     let (tx, rx) = mpsc::unbounded_channel();
+    let (flow_slugs, step_slugs) = registry.pairs();
+    let metrics = Arc::new(WorkerMetrics::new(
+        &registry.queue,
+        &flow_slugs,
+        &step_slugs,
+    ));
     let recorder = Arc::new(Recorder {
+        metrics: Arc::clone(&metrics),
         pool: pool.clone(),
         worker_id,
         backoff_max: config.poll_error_backoff_max,
@@ -161,8 +174,10 @@ fn driver(
         pending,
         pooled: config.pooling.is_transaction(),
         revocations,
+        metrics,
+        #[cfg(feature = "otel")]
+        worker_id,
     });
-    let (flow_slugs, step_slugs) = registry.pairs();
     let claimer = Arc::new(Claimer {
         queue: registry.queue.clone(),
         flow_slugs,
@@ -275,6 +290,14 @@ fn spawn_background(
             queue.to_owned(),
             Arc::clone(wake),
             own.clone(),
+            done.clone(),
+        )));
+    }
+    if let Some(interval) = config.schedule_interval {
+        handles.push(tokio::spawn(crate::schedules::tick(
+            pool.clone(),
+            config.pooling.is_transaction(),
+            interval,
             done.clone(),
         )));
     }

@@ -152,19 +152,19 @@ async fn retention_prunes_finished_history_in_bounded_batches() {
     };
     assert_eq!(
         prune(2).await,
-        json!({"runs": 2, "archived_messages": 3, "workers": 2})
+        json!({"runs": 2, "archived_messages": 3, "workers": 2, "events": 0})
     );
     assert_eq!(
         prune(2).await,
-        json!({"runs": 2, "archived_messages": 0, "workers": 1})
+        json!({"runs": 2, "archived_messages": 0, "workers": 1, "events": 0})
     );
     assert_eq!(
         prune(2).await,
-        json!({"runs": 1, "archived_messages": 0, "workers": 0})
+        json!({"runs": 1, "archived_messages": 0, "workers": 0, "events": 0})
     );
     assert_eq!(
         prune(2).await,
-        json!({"runs": 0, "archived_messages": 0, "workers": 0})
+        json!({"runs": 0, "archived_messages": 0, "workers": 0, "events": 0})
     );
     let left: Vec<Uuid> = sqlx::query_scalar("select run_id from pgflow.runs")
         .fetch_all(pool)

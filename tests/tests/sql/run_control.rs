@@ -662,3 +662,58 @@ async fn twenty_concurrent_keyed_starts_give_one_run() {
     assert_eq!(runs_count(pool).await, 1);
     assert_eq!(live_messages(pool, "kc").await, 1);
 }
+
+/// The event log names each cancellation (with its reason), each retry in place (its number and who asked) and
+/// each replay (the run it replays), one event each.
+#[tokio::test]
+async fn cancellations_retries_and_replays_are_in_the_event_log() {
+    let db = test_db().await;
+    let pool = db.pool();
+    compile(pool, "ev", &chain(), "flow").await;
+    let run = start(pool, "ev", json!({"n": 1})).await;
+    claim(pool, "ev", "ev", 1).await;
+    assert_eq!(complete_at(pool, run, "a", 0, 1).await, "applied");
+    cancel(pool, run, "customer left").await;
+    cancel(pool, run, "again").await; // no change, no second event
+    sqlx::query("select pgflow.retry_run($1, 'ops@example')")
+        .bind(run)
+        .execute(pool)
+        .await
+        .unwrap();
+    let replay: Uuid = sqlx::query_scalar("select pgflow.replay_run($1, 'b')")
+        .bind(run)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+
+    let events: Vec<(String, Option<Uuid>, Option<String>, Value)> = sqlx::query_as(
+        "select kind, run_id, flow_slug, detail from pgflow.events
+         where kind in ('run_cancelled', 'run_retried', 'run_replayed') order by event_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        events,
+        vec![
+            (
+                "run_cancelled".to_owned(),
+                Some(run),
+                Some("ev".to_owned()),
+                json!({"reason": "customer left"})
+            ),
+            (
+                "run_retried".to_owned(),
+                Some(run),
+                Some("ev".to_owned()),
+                json!({"retry_number": 1, "retried_by": "ops@example", "previous_status": "cancelled"})
+            ),
+            (
+                "run_replayed".to_owned(),
+                Some(replay),
+                Some("ev".to_owned()),
+                json!({"replay_of": run})
+            ),
+        ]
+    );
+}

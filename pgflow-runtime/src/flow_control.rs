@@ -1,0 +1,105 @@
+//! Flow control enforced by the database across every worker process: a concurrency limit and a rate limit
+//! per queue, and a concurrency limit per key (a value of the run input, such as a tenant id) per step.
+//! Tasks held back by a limit are not claimed, spend no attempt, and their messages stay hidden until a
+//! slot frees (see `pgflow-sql/schema/16_flow_control.sql`). Setting limits is the schema owner's right.
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+//! use pgflow_runtime::flow_control;
+//! // At most 8 tasks of queue `send_emails` at once, and at most 100 starts per minute.
+//! flow_control::set_queue_limit(&pool, "send_emails", Some(8), Some((100, Duration::from_secs(60)))).await?;
+//! // At most 2 tasks of step `sync` of flow `crm` per tenant (`input.tenant`).
+//! flow_control::set_key_limit(&pool, "crm", "sync", &["tenant"], 2).await?;
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use sqlx::postgres::types::PgInterval;
+use sqlx::PgPool;
+
+/// Sets the limits of queue `queue`: at most `max_started` of its tasks started at once, at most
+/// `rate.0` starts per `rate.1` (a token bucket). At least one of them.
+///
+/// # Errors
+///
+/// The database's refusal (a queue pgflow routes no task to, a limit of 0, a zero period), or a database
+/// error. Nothing changes then.
+pub async fn set_queue_limit(
+    pool: &PgPool,
+    queue: &str,
+    max_started: Option<u32>,
+    rate: Option<(u32, Duration)>,
+) -> Result<(), sqlx::Error> {
+    let to_i32 = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    sqlx::query(
+        "select 1 from pgflow.set_queue_limit(queue_name => $1, max_started => $2, rate_limit => $3, \
+         rate_period => $4)",
+    )
+    .bind(queue)
+    .bind(max_started.map(to_i32))
+    .bind(rate.map(|r| to_i32(r.0)))
+    .bind(rate.map(|r| PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: i64::try_from(r.1.as_micros()).unwrap_or(i64::MAX),
+    }))
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+/// Removes the limits of queue `queue`; whether it had any.
+///
+/// # Errors
+///
+/// A database error.
+pub async fn clear_queue_limit(pool: &PgPool, queue: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("select pgflow.clear_queue_limit(queue_name => $1)")
+        .bind(queue)
+        .fetch_one(pool)
+        .await
+}
+
+/// Sets the per-key limit of step `step` of the concrete flow `flow_slug`: at most `max_per_key` of its tasks
+/// whose run input has the same value at `key_path` started at once; other keys are not blocked.
+///
+/// # Errors
+///
+/// The database's refusal (an unknown flow or step, an empty path, a limit of 0), or a database error.
+pub async fn set_key_limit(
+    pool: &PgPool,
+    flow_slug: &str,
+    step: &str,
+    key_path: &[&str],
+    max_per_key: u32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "select 1 from pgflow.set_key_limit(flow_slug => $1, step_slug => $2, key_path => $3, max_per_key => $4)",
+    )
+    .bind(flow_slug)
+    .bind(step)
+    .bind(key_path)
+    .bind(i32::try_from(max_per_key).unwrap_or(i32::MAX))
+    .execute(pool)
+    .await
+    .map(drop)
+}
+
+/// Removes the per-key limit of a step; whether it had one.
+///
+/// # Errors
+///
+/// A database error.
+pub async fn clear_key_limit(
+    pool: &PgPool,
+    flow_slug: &str,
+    step: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("select pgflow.clear_key_limit(flow_slug => $1, step_slug => $2)")
+        .bind(flow_slug)
+        .bind(step)
+        .fetch_one(pool)
+        .await
+}

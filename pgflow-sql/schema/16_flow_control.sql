@@ -1,0 +1,373 @@
+-- Flow control: concurrency limits per queue and per key, and a rate limit per queue, enforced by the
+-- database inside the claim, across every worker process.
+--
+--   queue limit   pgflow.queue_limits.max_started: at most that many tasks of the queue started at once
+--   key limit     pgflow.key_limits: a step's tasks whose run input has the same value at key_path (a tenant
+--                 id, say) are started at most max_per_key at once; other keys are not blocked
+--   rate limit    pgflow.queue_limits.rate_limit per rate_period: a token bucket of the queue (at most
+--                 rate_limit starts in any period; tokens refill continuously)
+--
+-- How a claim enforces them (pgflow._claim_tasks calls pgflow._apply_limits for the tasks it is about to
+-- claim, only on a queue with a limit): the limit rows are locked (serialising the claims of one limited
+-- queue), the running tasks counted from pgflow.limit_slots (one row per started task under a limit), and the
+-- batch's tasks admitted in turns by key (each key's first task, then each key's second...) while slots and
+-- tokens last. Admitted tasks get a slot row and are claimed. The others are HELD: not claimed, no attempt
+-- spent, reported as 'waiting', and their messages parked (pgflow.parked_messages): hidden until a slot of
+-- their key or queue frees, when the task that held the slot leaves 'started' (trigger
+-- step_tasks_free_limit_slot makes the oldest parked message of that key, and of the queue, visible again),
+-- or for a rate limit until the next token. A parked message also comes back after park_seconds() at the
+-- latest, so nothing depends on the wake-up alone; there is no busy loop: a held message is hidden, and the
+-- next read reaches the messages behind it (no head-of-line blocking).
+--
+-- Limits apply to the claims of pgflow-rs workers (claim_tasks, read_and_claim_tasks, exchange); upstream's
+-- start_tasks does not consult them. Tasks already started when a limit is set hold no slot.
+--
+-- Lock order: the limit rows (queue_limits, then key_limits in (flow, step) order, FOR UPDATE) are step 6,
+-- after the claim's messages and tasks; only claims and the set_* functions lock them. The slot trigger runs
+-- where a task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only.
+--
+-- Owns: queue_limits, key_limits, limit_slots, parked_messages; set_queue_limit, set_key_limit,
+-- clear_queue_limit, clear_key_limit; _queue_limited, _apply_limits, _park_messages, _free_limit_slot.
+
+create table pgflow.queue_limits (
+  queue_name text primary key,
+  -- NULL: no concurrency limit.
+  max_started integer,
+  -- NULL: no rate limit.
+  rate_limit integer,
+  rate_period interval,
+  tokens double precision,
+  refilled_at timestamptz,
+  constraint queue_limits_max_started_positive check (max_started > 0),
+  constraint queue_limits_rate_positive check (rate_limit > 0 and rate_period > interval '0'),
+  constraint queue_limits_rate_complete check ((rate_limit is null) = (rate_period is null)),
+  constraint queue_limits_something check (max_started is not null or rate_limit is not null)
+);
+
+create table pgflow.key_limits (
+  flow_slug text not null,
+  step_slug text not null,
+  key_path text[] not null,
+  max_per_key integer not null,
+  primary key (flow_slug, step_slug),
+  foreign key (flow_slug, step_slug) references pgflow.steps (flow_slug, step_slug) on delete cascade,
+  constraint key_limits_max_positive check (max_per_key > 0),
+  constraint key_limits_path_not_empty check (cardinality(key_path) > 0)
+);
+
+-- One row per started task that a limit counts; deleted when the task leaves 'started' (or is deleted).
+create table pgflow.limit_slots (
+  run_id uuid not null,
+  step_slug text not null,
+  task_index integer not null,
+  queue_name text not null,
+  -- flow/step/key for a task under a key limit; NULL otherwise.
+  limit_key text,
+  primary key (run_id, step_slug, task_index),
+  foreign key (run_id, step_slug, task_index) references pgflow.step_tasks (run_id, step_slug, task_index)
+    on delete cascade
+);
+create index idx_limit_slots_queue on pgflow.limit_slots (queue_name);
+create index idx_limit_slots_key on pgflow.limit_slots (limit_key) where limit_key is not null;
+
+-- The messages of held tasks, hidden until a slot frees.
+create table pgflow.parked_messages (
+  queue_name text not null,
+  msg_id bigint not null,
+  limit_key text,
+  parked_at timestamptz not null default clock_timestamp(),
+  primary key (queue_name, msg_id)
+);
+create index idx_parked_messages_key on pgflow.parked_messages (queue_name, limit_key, parked_at);
+
+-- The longest a held task's message stays hidden without a wake-up.
+create function pgflow._park_seconds()
+returns integer
+language sql
+immutable
+set search_path = ''
+as $$ select 10 $$;
+
+-- Sets (or replaces) the concurrency limit and the rate limit of queue `queue_name`: at most max_started of
+-- its tasks started at once (NULL: none), at most rate_limit starts per rate_period (NULL: none). Refuses a
+-- queue pgflow routes no task to, a limit below 1, a rate without a period and a period of zero or less.
+create function pgflow.set_queue_limit(queue_name text, max_started integer default NULL::integer, rate_limit integer default NULL::integer, rate_period interval default NULL::interval)
+returns pgflow.queue_limits
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_queue text := lower(set_queue_limit.queue_name);
+  v_row pgflow.queue_limits;
+begin
+  if not exists (select 1 from pgflow.steps s where s.queue_name = v_queue) then
+    raise exception 'set_queue_limit(): queue "%" is not a queue pgflow routes tasks to', set_queue_limit.queue_name
+      using errcode = 'undefined_object',
+            hint = 'Name the queue of a compiled flow''s step (pgflow.steps.queue_name).';
+  end if;
+  if set_queue_limit.max_started is null and set_queue_limit.rate_limit is null then
+    raise exception 'set_queue_limit(): queue "%": give max_started, rate_limit or both (clear_queue_limit removes them)',
+        v_queue using errcode = 'invalid_parameter_value';
+  end if;
+  if set_queue_limit.max_started < 1 then
+    raise exception 'set_queue_limit(): queue "%": max_started must be at least 1, got %', v_queue,
+        set_queue_limit.max_started
+      using errcode = 'invalid_parameter_value', hint = 'To stop a queue, pause its workers; to lift the limit, clear it.';
+  end if;
+  if set_queue_limit.rate_limit < 1 then
+    raise exception 'set_queue_limit(): queue "%": rate_limit must be at least 1 start per period, got %', v_queue,
+        set_queue_limit.rate_limit
+      using errcode = 'invalid_parameter_value';
+  end if;
+  if (set_queue_limit.rate_limit is null) <> (set_queue_limit.rate_period is null)
+     or set_queue_limit.rate_period <= interval '0' then
+    raise exception 'set_queue_limit(): queue "%": a rate needs both rate_limit and a positive rate_period, got % per %',
+        v_queue, coalesce(set_queue_limit.rate_limit::text, 'NULL'), coalesce(set_queue_limit.rate_period::text, 'NULL')
+      using errcode = 'invalid_parameter_value';
+  end if;
+  insert into pgflow.queue_limits as l (queue_name, max_started, rate_limit, rate_period, tokens, refilled_at)
+  values (v_queue, set_queue_limit.max_started, set_queue_limit.rate_limit, set_queue_limit.rate_period,
+          set_queue_limit.rate_limit, clock_timestamp())
+  on conflict on constraint queue_limits_pkey do update
+  set max_started = excluded.max_started, rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,
+      tokens = least(coalesce(l.tokens, excluded.tokens), excluded.tokens), refilled_at = excluded.refilled_at
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+-- Removes the limits of queue `queue_name`; whether it had any.
+create function pgflow.clear_queue_limit(queue_name text)
+returns boolean
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  delete from pgflow.queue_limits l where l.queue_name = lower(clear_queue_limit.queue_name);
+  return found;
+end;
+$$;
+
+-- Sets (or replaces) the per-key limit of step `step_slug` of flow `flow_slug`: at most max_per_key of its
+-- tasks whose run input has the same value at key_path (as `input #>> key_path`; a missing key is the key
+-- '') started at once. Refuses an unknown flow or step, an empty path and a limit below 1.
+create function pgflow.set_key_limit(flow_slug text, step_slug text, key_path text[], max_per_key integer)
+returns pgflow.key_limits
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_row pgflow.key_limits;
+begin
+  if not exists (select 1 from pgflow.steps s
+                 where s.flow_slug = set_key_limit.flow_slug and s.step_slug = set_key_limit.step_slug) then
+    raise exception 'set_key_limit(): flow "%" has no step "%"', set_key_limit.flow_slug, set_key_limit.step_slug
+      using errcode = 'undefined_object', hint = 'Name a concrete flow slug (not an alias) and one of its steps.';
+  end if;
+  if set_key_limit.key_path is null or cardinality(set_key_limit.key_path) = 0 then
+    raise exception 'set_key_limit(): step "%" of flow "%": key_path is empty; name where the key is in the run input, e.g. ''{tenant}''',
+        set_key_limit.step_slug, set_key_limit.flow_slug
+      using errcode = 'invalid_parameter_value';
+  end if;
+  if set_key_limit.max_per_key is null or set_key_limit.max_per_key < 1 then
+    raise exception 'set_key_limit(): step "%" of flow "%": max_per_key must be at least 1, got %',
+        set_key_limit.step_slug, set_key_limit.flow_slug, coalesce(set_key_limit.max_per_key::text, 'NULL')
+      using errcode = 'invalid_parameter_value';
+  end if;
+  insert into pgflow.key_limits as k (flow_slug, step_slug, key_path, max_per_key)
+  values (set_key_limit.flow_slug, set_key_limit.step_slug, set_key_limit.key_path, set_key_limit.max_per_key)
+  on conflict on constraint key_limits_pkey do update
+  set key_path = excluded.key_path, max_per_key = excluded.max_per_key
+  returning * into v_row;
+  return v_row;
+end;
+$$;
+
+-- Removes the per-key limit of a step; whether it had one.
+create function pgflow.clear_key_limit(flow_slug text, step_slug text)
+returns boolean
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  delete from pgflow.key_limits k
+  where k.flow_slug = clear_key_limit.flow_slug and k.step_slug = clear_key_limit.step_slug;
+  return found;
+end;
+$$;
+
+-- Whether a claim on `p_queue` must consult the limits (one index probe each; false on unlimited queues).
+create function pgflow._queue_limited(p_queue text)
+returns boolean
+language sql
+stable
+set search_path = ''
+as $$
+  select exists (select 1 from pgflow.queue_limits l where l.queue_name = p_queue)
+      or exists (select 1 from pgflow.key_limits k
+                 join pgflow.steps s on s.flow_slug = k.flow_slug and s.step_slug = k.step_slug
+                 where s.queue_name = p_queue)
+$$;
+
+-- The admission of a claim on a limited queue: of the tasks behind `p_ids` (queued, about to be claimed, their
+-- messages and task rows locked by the caller), returns the ids to HOLD and the time until which to hide each;
+-- the admitted ones get a slot row (and lose any parked row). Locks the limit rows (lock order step 6).
+create function pgflow._apply_limits(p_queue text, p_ids bigint[])
+returns table(msg_id bigint, hide_until timestamptz)
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_limit pgflow.queue_limits;
+  v_free bigint;
+  v_tokens double precision;
+  v_now timestamptz := clock_timestamp();
+  v_ids bigint[];
+  v_runs uuid[];
+  v_steps text[];
+  v_indexes integer[];
+  v_keys text[];
+  v_admitted boolean[];
+begin
+  -- Lock order step 6: the queue's limit row, then the key limits of the batch's steps in (flow, step) order.
+  select * into v_limit from pgflow.queue_limits l where l.queue_name = p_queue for update;
+  perform 1 from pgflow.key_limits k
+  where (k.flow_slug, k.step_slug) in (select t.flow_slug, t.step_slug from pgflow.step_tasks t
+                                       where t.queue_name = p_queue and t.message_id = any (p_ids))
+  order by k.flow_slug, k.step_slug
+  for update of k;
+
+  if v_limit.max_started is not null then
+    select v_limit.max_started - count(*) into v_free from pgflow.limit_slots s where s.queue_name = p_queue;
+  end if;
+  if v_limit.rate_limit is not null then
+    v_tokens := least(v_limit.rate_limit::float8,
+                      coalesce(v_limit.tokens, v_limit.rate_limit)
+                      + v_limit.rate_limit * extract(epoch from v_now - coalesce(v_limit.refilled_at, v_now))
+                        / extract(epoch from v_limit.rate_period));
+    v_free := least(coalesce(v_free, floor(v_tokens)::bigint), floor(v_tokens)::bigint);
+  end if;
+
+  -- The batch's admission, in arrays (one entry per task, in message order).
+  with cand as (
+    select t.message_id as id, t.run_id, t.step_slug, t.task_index, k.max_per_key,
+           case when k.flow_slug is not null
+                then t.flow_slug || '/' || t.step_slug || '/' || coalesce(r.input #>> k.key_path, '') end as limit_key
+    from pgflow.step_tasks t
+    join pgflow.runs r on r.run_id = t.run_id
+    left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
+    where t.queue_name = p_queue and t.message_id = any (p_ids)
+  ),
+  per_key as (
+    select c.*, row_number() over (partition by coalesce(c.limit_key, c.id::text) order by c.id) as turn,
+           (select count(*) from pgflow.limit_slots s where s.limit_key = c.limit_key) as running
+    from cand c
+  ),
+  key_ok as (
+    select p.*, (p.limit_key is null or p.running + p.turn <= p.max_per_key) as ok from per_key p
+  ),
+  -- The queue's free slots and tokens go to the key-admitted tasks in turns: every key's first task, then
+  -- every key's second... (keys take turns; no key starves the others within a batch).
+  ranked as (
+    select k.*, case when k.ok then row_number() over (partition by k.ok order by k.turn, k.id) end as place
+    from key_ok k
+  )
+  select array_agg(r.id order by r.id), array_agg(r.run_id order by r.id), array_agg(r.step_slug order by r.id),
+         array_agg(r.task_index order by r.id), array_agg(r.limit_key order by r.id),
+         array_agg(r.ok and (v_free is null or r.place <= v_free) order by r.id)
+  into v_ids, v_runs, v_steps, v_indexes, v_keys, v_admitted
+  from ranked r;
+
+  insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name, limit_key)
+  select a.run_id, a.step_slug, a.task_index, p_queue, a.limit_key
+  from unnest(v_runs, v_steps, v_indexes, v_keys, v_admitted) as a(run_id, step_slug, task_index, limit_key, admitted)
+  where a.admitted and (v_limit.max_started is not null or a.limit_key is not null)
+  on conflict do nothing;
+
+  delete from pgflow.parked_messages pm
+  where pm.queue_name = p_queue
+    and pm.msg_id in (select a.id from unnest(v_ids, v_admitted) as a(id, admitted) where a.admitted);
+
+  if v_limit.rate_limit is not null then
+    update pgflow.queue_limits l
+    set tokens = v_tokens - (select count(*) from unnest(v_admitted) as a(admitted) where a.admitted),
+        refilled_at = v_now
+    where l.queue_name = p_queue;
+  end if;
+
+  -- Held ones: parked until a slot frees (at most park_seconds), or until the next token when only the rate
+  -- held them back.
+  insert into pgflow.parked_messages as pm (queue_name, msg_id, limit_key)
+  select p_queue, a.id, a.limit_key
+  from unnest(v_ids, v_keys, v_admitted) as a(id, limit_key, admitted)
+  where not a.admitted
+  on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
+
+  return query
+  select a.id,
+         case when v_limit.rate_limit is not null and v_limit.max_started is null and a.limit_key is null
+              then v_now + make_interval(secs => greatest(0.05, (1 - (v_tokens - floor(v_tokens)))
+                                                           * extract(epoch from v_limit.rate_period)
+                                                           / v_limit.rate_limit))
+              else v_now + make_interval(secs => pgflow._park_seconds())
+         end
+  from unnest(v_ids, v_keys, v_admitted) as a(id, limit_key, admitted)
+  where not a.admitted
+  order by a.id;
+end;
+$$;
+
+-- Trigger of pgflow.step_tasks: a task leaving 'started' frees its slot and makes the oldest parked message of
+-- its key visible again, and (for a queue limit) the oldest parked message of its queue. Parked messages are
+-- taken with SKIP LOCKED: this never waits (a message another transaction holds comes back by its park time).
+create function pgflow._free_limit_slot()
+returns trigger
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_slot pgflow.limit_slots;
+  v_ids bigint[];
+begin
+  delete from pgflow.limit_slots s
+  where s.run_id = old.run_id and s.step_slug = old.step_slug and s.task_index = old.task_index
+  returning * into v_slot;
+  if v_slot is null then
+    return null;
+  end if;
+  select array_agg(x.msg_id order by x.msg_id) into v_ids
+  from (
+    (select pm.msg_id from pgflow.parked_messages pm
+     where pm.queue_name = v_slot.queue_name and v_slot.limit_key is not null and pm.limit_key = v_slot.limit_key
+     order by pm.parked_at limit 1)
+    union
+    (select pm.msg_id from pgflow.parked_messages pm
+     where pm.queue_name = v_slot.queue_name
+       and exists (select 1 from pgflow.queue_limits l where l.queue_name = v_slot.queue_name and l.max_started is not null)
+     order by pm.parked_at limit 1)
+  ) x;
+  if v_ids is null then
+    return null;
+  end if;
+  v_ids := pgflow._lock_messages(v_slot.queue_name, v_ids, true);
+  if cardinality(v_ids) > 0 then
+    delete from pgflow.parked_messages pm where pm.queue_name = v_slot.queue_name and pm.msg_id = any (v_ids);
+    perform pgflow._queue_op(v_slot.queue_name, 'visibility', v_ids,
+                             array(select clock_timestamp() from unnest(v_ids)), 0);
+  end if;
+  return null;
+end;
+$$;
+
+create trigger step_tasks_free_limit_slot
+after update of status on pgflow.step_tasks
+for each row
+when (old.status = 'started' and new.status is distinct from 'started')
+execute function pgflow._free_limit_slot();
+
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the functions above.
+revoke execute on all functions in schema pgflow from public;
