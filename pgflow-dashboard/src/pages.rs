@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use pgflow_runtime::admin::{
     ActionKind, AliasInfo, CoverageGap, FlowInfo, OperatorAction, Page, QueueInfo, QueueRates,
-    RunDetail, RunSummary, StatusCount, TaskDetail, UncoveredRoute, WorkerFunction, WorkerInfo,
+    RunDetail, RunSummary, ScheduleInfo, StatusCount, TaskDetail, UncoveredRoute, WorkerFunction,
+    WorkerInfo,
 };
 use pgflow_runtime::client::RunStatus;
 use serde_json::Value;
@@ -580,7 +581,7 @@ pub(crate) fn workers_live(data: &WorkersData) -> Markup {
 // ---------------------------------------------------------------------------------------------- schedules
 
 /// The schedules view.
-pub(crate) fn schedules_page(base: &Base, w: &Writer) -> Markup {
+pub(crate) fn schedules_page(base: &Base, w: &Writer, schedules: &[ScheduleInfo]) -> Markup {
     layout(
         base,
         w,
@@ -588,7 +589,82 @@ pub(crate) fn schedules_page(base: &Base, w: &Writer) -> Markup {
         "Schedules",
         html! {
             h1 { "Schedules" }
-            p.note { "This database's pgflow schema has no schedules yet (they come with the schedules migration)." }
+            div #live data-refresh=(base.link("/schedules/fragment")) data-every=(REFRESH_MS) { (schedules_live(base, w, schedules)) }
+        },
+    )
+}
+
+/// The schedules view's live part.
+pub(crate) fn schedules_live(base: &Base, w: &Writer, schedules: &[ScheduleInfo]) -> Markup {
+    html! {
+        @if schedules.is_empty() { p.empty { "No schedules." } }
+        @else {
+            table.schedules {
+                thead { tr { th { "Schedule" } th { "Flow" } th { "Cron" } th { "State" } th { "Next fire (UTC)" } th { "Last fire" } th { "Last run" } th { "Missed / overlap" } @if w.enabled { th {} } } }
+                tbody {
+                    @for s in schedules {
+                        tr data-schedule=(s.schedule_name) data-paused=(s.paused) {
+                            td { (s.schedule_name) }
+                            td { (s.flow_slug) }
+                            td { code { (s.cron) } " " span.note { (s.time_zone) } }
+                            td { @if s.paused { span class="badge st-cancelled" { "paused" } } @else { span class="badge st-completed" { "active" } }
+                                 @if let Some(e) = &s.last_error { " " span.error { (e) } } }
+                            td { (opt_time(s.next_fire_at)) }
+                            td { (opt_time(s.last_fire_at)) }
+                            td { @if let Some(id) = s.last_run_id {
+                                    a href=(base.link(&format!("/runs/{id}"))) { code { (id.to_string()[..8]) } }
+                                    @if let Some(st) = s.last_run_status { " " (badge(st.as_str())) }
+                                 } }
+                            td { (s.missed) " / " (s.overlap) }
+                            @if w.enabled {
+                                td {
+                                    @if s.paused {
+                                        a.button.pause-resume href=(base.link(&format!("/schedules/{}/resume", encode(&s.schedule_name)))) { "Resume…" }
+                                    } @else {
+                                        a.button.pause-resume href=(base.link(&format!("/schedules/{}/pause", encode(&s.schedule_name)))) { "Pause…" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The confirmation of a schedule's pause or resume.
+pub(crate) fn schedule_confirm_page(
+    base: &Base,
+    w: &Writer,
+    s: &ScheduleInfo,
+    kind: ActionKind,
+) -> Markup {
+    let verb = if kind == ActionKind::PauseSchedule {
+        "pause"
+    } else {
+        "resume"
+    };
+    let csrf = w
+        .session
+        .as_ref()
+        .map(|(_, c)| c.clone())
+        .unwrap_or_default();
+    layout(
+        base,
+        w,
+        &format!("Confirm {verb}"),
+        "Schedules",
+        html! {
+            h1 { "Confirm: " (verb) " schedule " code { (s.schedule_name) } }
+            p { "It starts " b { (s.flow_slug) } " on " code { (s.cron) } " (" (s.time_zone) ")."
+                @if kind == ActionKind::ResumeSchedule { " Fires that fell while it was paused are not caught up." } }
+            form.confirm method="post" action=(base.link(&format!("/schedules/{}/{verb}", encode(&s.schedule_name)))) {
+                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name="confirm" value="yes";
+                button #confirm type="submit" class="danger" { "Yes, " (verb) }
+                " " a href=(base.link("/schedules")) { "No, back to the schedules" }
+            }
         },
     )
 }

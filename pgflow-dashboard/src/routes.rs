@@ -45,6 +45,11 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/workers", get(workers_page))
         .route("/workers/fragment", get(workers_fragment))
         .route("/schedules", get(schedules_page))
+        .route("/schedules/fragment", get(schedules_fragment))
+        .route(
+            "/schedules/{name}/{action}",
+            get(schedule_confirm_page).post(schedule_action),
+        )
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/assets/dashboard.js", get(script))
@@ -538,7 +543,93 @@ async fn workers_fragment(State(state): State<Shared>) -> PageResult {
 }
 
 async fn schedules_page(State(state): State<Shared>, base: Base, jar: CookieJar) -> PageResult {
-    Ok(pages::schedules_page(&base, &writer(&state, &jar)))
+    let schedules = state.admin.schedules().await?;
+    Ok(pages::schedules_page(
+        &base,
+        &writer(&state, &jar),
+        &schedules,
+    ))
+}
+
+async fn schedules_fragment(State(state): State<Shared>, base: Base, jar: CookieJar) -> PageResult {
+    let schedules = state.admin.schedules().await?;
+    Ok(pages::schedules_live(
+        &base,
+        &writer(&state, &jar),
+        &schedules,
+    ))
+}
+
+/// A write action on a schedule, from the URL.
+fn schedule_kind(text: &str) -> Result<ActionKind, PageError> {
+    match text {
+        "pause" => Ok(ActionKind::PauseSchedule),
+        "resume" => Ok(ActionKind::ResumeSchedule),
+        other => Err(PageError::new(
+            StatusCode::NOT_FOUND,
+            format!("no schedule action `{other}`: the actions are pause and resume"),
+        )),
+    }
+}
+
+async fn schedule_confirm_page(
+    State(state): State<Shared>,
+    base: Base,
+    jar: CookieJar,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Response, PageError> {
+    let kind = schedule_kind(&action)?;
+    if state.write.is_none() {
+        return Err(read_only());
+    }
+    let w = writer(&state, &jar);
+    if w.session.is_none() {
+        let next = base.link(&format!("/schedules/{}/{action}", encode(&name)));
+        return Ok(
+            Redirect::to(&base.link(&format!("/login?next={}", encode(&next)))).into_response(),
+        );
+    }
+    let schedules = state.admin.schedules().await?;
+    let schedule = schedules
+        .iter()
+        .find(|s| s.schedule_name == name)
+        .ok_or_else(|| PageError::new(StatusCode::NOT_FOUND, format!("no schedule `{name}`")))?;
+    Ok(pages::schedule_confirm_page(&base, &w, schedule, kind).into_response())
+}
+
+async fn schedule_action(
+    State(state): State<Shared>,
+    base: Base,
+    jar: CookieJar,
+    headers: HeaderMap,
+    Path((name, action)): Path<(String, String)>,
+    Form(form): Form<ActionForm>,
+) -> Result<Response, PageError> {
+    let kind = schedule_kind(&action)?;
+    let actor = authorize(&state, &headers, &jar, form.csrf.as_deref())?;
+    if form.confirm.as_deref() != Some("yes") {
+        return Err(PageError::new(
+            StatusCode::BAD_REQUEST,
+            "write refused: not confirmed (use the confirmation page's button)",
+        ));
+    }
+    let pool = state.admin.pool();
+    let outcome = if kind == ActionKind::PauseSchedule {
+        pgflow_runtime::schedules::pause(pool, &name).await
+    } else {
+        pgflow_runtime::schedules::resume(pool, &name).await
+    };
+    let failed = outcome.as_ref().err().map(|e| e.to_string());
+    let record = NewAction::on_schedule(&actor, "dashboard", kind, &name)
+        .outcome(failed.clone().map_or(Ok(()), Err));
+    state.admin.record_action(&record).await?;
+    if let Some(error) = failed {
+        return Err(PageError::new(
+            StatusCode::CONFLICT,
+            format!("{action} of schedule `{name}` refused: {error}"),
+        ));
+    }
+    Ok(Redirect::to(&base.link("/schedules")).into_response())
 }
 
 // ------------------------------------------------------------------------------------------------- sign-in

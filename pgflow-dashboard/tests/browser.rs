@@ -462,6 +462,68 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         ]
     );
 
+    // Schedules: pause and resume one, each confirmed and recorded.
+    pgflow_runtime::schedules::Schedule::new("nightly-report", "dashFlow", "0 3 * * *")
+        .input(json!({"label": "nightly", "mode": "ok"}))
+        .set(&pool)
+        .await
+        .unwrap();
+    b.goto(&format!("{w}/schedules")).await.unwrap();
+    assert_eq!(
+        attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
+            .await
+            .as_deref(),
+        Some("false")
+    );
+    b.find(Locator::Css("a.pause-resume"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.find(Locator::Css("#confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    eventually("the schedule shown paused", || async {
+        (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
+            .await
+            .as_deref()
+            == Some("true"))
+        .then_some(())
+    })
+    .await;
+    screenshot(&b, "schedules.png").await;
+    b.find(Locator::Css("a.pause-resume"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.find(Locator::Css("#confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    eventually("the schedule shown active again", || async {
+        (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
+            .await
+            .as_deref()
+            == Some("false"))
+        .then_some(())
+    })
+    .await;
+    let paused: bool = sqlx::query_scalar(
+        "select paused from pgflow.schedules where schedule_name = 'nightly-report'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(!paused);
+
     // The other views.
     b.goto(&format!("{w}/queues")).await.unwrap();
     assert!(count(&b, "tr[data-queue]").await >= 1);
@@ -516,7 +578,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(recorded, 2, "the forged request left no record");
+    assert_eq!(recorded, 4, "the forged request left no record");
     victim.cancel(Some("test over")).await.unwrap();
 
     b.close().await.unwrap();

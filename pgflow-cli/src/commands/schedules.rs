@@ -1,36 +1,14 @@
-//! `schedules`: the schedules table as it stands, and pause / resume through the runtime's
-//! `pgflow_runtime::schedules` (`pgflow.pause_schedule` / `resume_schedule`), each written to the operator
-//! record.
+//! `schedules`: the schedules as the runtime's read layer reports them (`Admin::schedules`), and pause /
+//! resume through `pgflow_runtime::schedules` (`pgflow.pause_schedule` / `resume_schedule`), each written to
+//! the operator record.
 
-use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use pgflow_runtime::admin::{ActionKind, Admin, AdminError, NewAction};
+use serde_json::json;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::cli::ScheduleAction;
-use pgflow_runtime::admin::{ActionKind, NewAction};
-
 use crate::db::{self, explain, About};
 use crate::output::{self, Out};
-
-/// One row of `pgflow.schedules`.
-type Row = (
-    String,
-    String,
-    String,
-    String,
-    Value,
-    String,
-    String,
-    bool,
-    Option<DateTime<Utc>>,
-    Option<DateTime<Utc>>,
-    Option<Uuid>,
-    Option<String>,
-);
-
-const LIST: &str = "select schedule_name, flow_slug, cron, time_zone, input, missed, overlap, paused, \
-     next_fire_at, last_fire_at, last_run_id, last_error from pgflow.schedules order by schedule_name";
 
 /// `schedules [list | pause NAME | resume NAME]`.
 pub(crate) async fn schedules(
@@ -99,28 +77,31 @@ fn done(out: Out, name: &str, paused: bool) -> anyhow::Result<()> {
 }
 
 async fn list(pool: &PgPool, out: Out) -> anyhow::Result<()> {
-    let rows: Vec<Row> = sqlx::query_as(LIST)
-        .fetch_all(pool)
+    let schedules = Admin::new(pool.clone())
+        .schedules()
         .await
-        .map_err(|e| explain(e, About::Nothing))?;
+        .map_err(|e| match e {
+            AdminError::Database(e) => explain(e, About::Nothing),
+            other => anyhow::anyhow!("{other}"),
+        })?;
     if out.json {
         return out.json(
-            &rows
+            &schedules
                 .iter()
-                .map(|r| {
+                .map(|s| {
                     json!({
-                        "schedule_name": r.0,
-                        "flow_slug": r.1,
-                        "cron": r.2,
-                        "time_zone": r.3,
-                        "input": r.4,
-                        "missed": r.5,
-                        "overlap": r.6,
-                        "paused": r.7,
-                        "next_fire_at": r.8,
-                        "last_fire_at": r.9,
-                        "last_run_id": r.10,
-                        "last_error": r.11,
+                        "schedule_name": s.schedule_name,
+                        "flow_slug": s.flow_slug,
+                        "cron": s.cron,
+                        "time_zone": s.time_zone,
+                        "missed": s.missed,
+                        "overlap": s.overlap,
+                        "paused": s.paused,
+                        "next_fire_at": s.next_fire_at,
+                        "last_fire_at": s.last_fire_at,
+                        "last_run_id": s.last_run_id,
+                        "last_run_status": s.last_run_status.map(|r| r.as_str()),
+                        "last_error": s.last_error,
                     })
                 })
                 .collect::<Vec<_>>(),
@@ -129,21 +110,26 @@ async fn list(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     let mut table = output::table([
         "NAME", "FLOW", "CRON", "ZONE", "STATE", "NEXT", "LAST", "LAST RUN",
     ]);
-    for r in &rows {
-        let state = match (&r.11, r.7) {
+    for s in &schedules {
+        let state = match (&s.last_error, s.paused) {
             (Some(error), true) => format!("paused: {error}"),
             (None, true) => "paused".to_owned(),
             _ => "active".to_owned(),
         };
+        let last_run = match (s.last_run_id, s.last_run_status) {
+            (Some(id), Some(status)) => format!("{id} ({})", status.as_str()),
+            (Some(id), None) => id.to_string(),
+            _ => "-".to_owned(),
+        };
         table.add_row([
-            r.0.clone(),
-            r.1.clone(),
-            r.2.clone(),
-            r.3.clone(),
+            s.schedule_name.clone(),
+            s.flow_slug.clone(),
+            s.cron.clone(),
+            s.time_zone.clone(),
             state,
-            output::time(r.8),
-            output::time(r.9),
-            r.10.map_or_else(|| "-".to_owned(), |id| id.to_string()),
+            output::time(s.next_fire_at),
+            output::time(s.last_fire_at),
+            last_run,
         ]);
     }
     output::print_table(&table, "no schedules")

@@ -13,6 +13,7 @@
 //! - [`Admin::workers`], [`Admin::worker_functions`], [`Admin::flows`], [`Admin::aliases`]: live workers with
 //!   their heartbeats and routes, fenced (disabled) worker functions, compiled versions, and aliases with
 //!   whether each version behind them is retirable.
+//! - [`Admin::schedules`]: schedules with their next fire and the status of their last run.
 //! - [`Admin::actions`] and [`Admin::record_action`]: the operator record (`pgflow.operator_actions`).
 //!
 //! Every read is one read-only transaction, so the parts of an answer agree with each other. With
@@ -40,6 +41,7 @@ mod audit;
 mod fleet;
 mod run;
 mod runs;
+mod schedules;
 
 use sqlx::{PgPool, Postgres, Transaction};
 
@@ -53,6 +55,7 @@ pub use fleet::{
 };
 pub use run::{RetryRecord, RunDetail, RunInfo, StepDetail, TaskDetail};
 pub use runs::{Cursor, Page, RunFilter, RunSummary, StatusCount, COUNT_CAP, MAX_PAGE};
+pub use schedules::ScheduleInfo;
 
 /// An error of the read layer.
 #[derive(Debug, thiserror::Error)]
