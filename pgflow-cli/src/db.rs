@@ -1,7 +1,7 @@
 //! The connection, and database errors turned into messages that say what to do.
 
 use anyhow::{anyhow, Context};
-use pgflow_runtime::admin::{ActionKind, Admin, NewAction};
+use pgflow_runtime::admin::{ActionKind, Admin, AdminError, NewAction};
 use pgflow_runtime::client::ClientError;
 use pgflow_sql::SqlState;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -103,6 +103,14 @@ pub(crate) fn explain(e: sqlx::Error, about: About) -> anyhow::Error {
     match hint {
         Some(hint) => anyhow!("{message}; {hint}"),
         None => anyhow!("{message}"),
+    }
+}
+
+/// A read-layer error as a message (see [`explain`]).
+pub(crate) fn explain_admin(e: AdminError, about: About) -> anyhow::Error {
+    match e {
+        AdminError::Database(e) => explain(e, about),
+        other => anyhow!("{other}"),
     }
 }
 

@@ -3,6 +3,7 @@
 //! (`pgflow.operator_actions`, source `cli`), refused ones too.
 
 use anyhow::bail;
+use pgflow_runtime::admin::ActionKind;
 use pgflow_runtime::client::CancelFilter;
 use pgflow_runtime::Client;
 use serde_json::json;
@@ -10,8 +11,6 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::cli::CancelArgs;
-use pgflow_runtime::admin::ActionKind;
-
 use crate::db::{self, explain_client, About};
 use crate::output::{self, Out};
 

@@ -2,23 +2,15 @@
 //! (`pgflow_runtime::admin`), which holds every query; these only print its answers.
 
 use anyhow::anyhow;
-use pgflow_runtime::admin::{Admin, AdminError, RunDetail, RunFilter};
+use pgflow_runtime::admin::{Admin, RunDetail, RunFilter};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::cli::RunsArgs;
 use crate::dag;
-use crate::db::{explain, About};
+use crate::db::{explain_admin, About};
 use crate::output::{self, Out};
-
-/// A read-layer error as a message that says what to do.
-fn explain_admin(e: AdminError, about: About) -> anyhow::Error {
-    match e {
-        AdminError::Database(e) => explain(e, about),
-        other => anyhow!("{other}"),
-    }
-}
 
 /// `status`: queues (depth, oldest message, live workers), routes no live worker covers, coverage gaps of
 /// the queues' live workers, and fenced worker functions.

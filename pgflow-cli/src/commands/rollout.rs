@@ -2,10 +2,11 @@
 //! `enable_worker_function`) and `retirable` (`pgflow.version_retirable`). Each is one call of the SQL
 //! core's function, which holds the rule; these commands only call it and print its answer.
 
+use pgflow_runtime::admin::Admin;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use crate::db::{explain, About};
+use crate::db::{explain, explain_admin, About};
 use crate::output::{self, Out};
 
 /// `activate ALIAS VERSION`.
@@ -34,15 +35,14 @@ pub(crate) async fn activate(
     })
 }
 
-/// Whether a worker function was ever tracked (a worker registered with it, or it was fenced before).
+/// Whether a worker function was ever tracked (a worker registered with it, or it was fenced before), as the
+/// read layer lists them.
 async fn known_function(pool: &PgPool, function: &str) -> anyhow::Result<bool> {
-    sqlx::query_scalar(
-        "select exists (select 1 from pgflow.worker_functions where function_name = $1)",
-    )
-    .bind(function)
-    .fetch_one(pool)
-    .await
-    .map_err(|e| explain(e, About::Nothing))
+    let functions = Admin::new(pool.clone())
+        .worker_functions()
+        .await
+        .map_err(|e| explain_admin(e, About::Nothing))?;
+    Ok(functions.iter().any(|f| f.function_name == function))
 }
 
 /// `fence FUNCTION --reason ..`.

@@ -2,12 +2,12 @@
 //! resume through `pgflow_runtime::schedules` (`pgflow.pause_schedule` / `resume_schedule`), each written to
 //! the operator record.
 
-use pgflow_runtime::admin::{ActionKind, Admin, AdminError, NewAction};
+use pgflow_runtime::admin::{ActionKind, Admin, NewAction};
 use serde_json::json;
 use sqlx::PgPool;
 
 use crate::cli::ScheduleAction;
-use crate::db::{self, explain, About};
+use crate::db::{self, explain, explain_admin, About};
 use crate::output::{self, Out};
 
 /// `schedules [list | pause NAME | resume NAME]`.
@@ -80,10 +80,7 @@ async fn list(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     let schedules = Admin::new(pool.clone())
         .schedules()
         .await
-        .map_err(|e| match e {
-            AdminError::Database(e) => explain(e, About::Nothing),
-            other => anyhow::anyhow!("{other}"),
-        })?;
+        .map_err(|e| explain_admin(e, About::Nothing))?;
     if out.json {
         return out.json(
             &schedules
