@@ -18,6 +18,10 @@ use uuid::Uuid;
 /// While set, `each` fails on element 1 (`max_attempts = 1`: the run fails at once).
 static BROKEN: AtomicBool = AtomicBool::new(false);
 
+/// Held by each test that sets [`BROKEN`], so that under `cargo test` (tests on threads of one process) no
+/// other test's runs see it set.
+static BROKEN_USERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A run's input: the tenant (for `--input-eq`) and the number of elements to map over.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Order {
@@ -227,6 +231,7 @@ async fn errors_exit_1_and_say_what_to_do_and_usage_errors_exit_2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_control_and_rollout_commands_change_the_database_as_they_report() {
+    let _serial = BROKEN_USERS.lock().await;
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
     let url = db.url();
@@ -514,6 +519,7 @@ fn ids(answer: &Value) -> Vec<Uuid> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_commands_agree_with_the_database() {
+    let _serial = BROKEN_USERS.lock().await;
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
     let url = db.url();
