@@ -1,5 +1,5 @@
 //! The dashboard in a real browser: headless Chromium through WebDriver (chromedriver, started here on a free
-//! port) against two real dashboards (one writable, mounted under `/ops`; one read-only) over a throwaway
+//! port) against two real dashboards (one writable, mounted under `/ops`; one read-only, hiding payloads) over a throwaway
 //! PostgreSQL, with a real worker running the test flow. Saves a screenshot of each view in `docs/dashboard/`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them).
@@ -229,7 +229,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         Dashboard::new(pool.clone()).write_token(TOKEN).router(),
     ))
     .await;
-    let read_only = serve(Dashboard::new(pool.clone()).router()).await;
+    let read_only = serve(Dashboard::new(pool.clone()).hide_payloads(true).router()).await;
     let w = format!("http://{writable}/ops");
     let r = format!("http://{read_only}");
     let (_driver, b) = start_browser().await;
@@ -547,6 +547,9 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     );
     assert_eq!(count(&b, "#cancel, #retry, #replay, .actions").await, 0);
     assert!(b.source().await.unwrap().contains("read-only"));
+    // It hides payloads too: no input or output on the page.
+    assert_eq!(count(&b, "#run-input, #run-output").await, 0);
+    assert!(b.source().await.unwrap().contains("Payloads are hidden"));
     let status = js(
         &b,
         &format!(

@@ -1,12 +1,14 @@
 -- pgflow-rs SQL core: the operator's read paths and record.
 --
 -- * Indexes for the run list, paged newest first on (started_at, run_id): over every run, by flow, by status
---   (the two last replace the single-column indexes on flow_slug and status, which they also serve).
+--   (the two last replace the single-column indexes on flow_slug and status, which they also serve), and a
+--   GIN index on the input for the list's input filter (containment).
 -- * pgflow.operator_actions: who took which write action from an operator tool, when, and its outcome.
 
 create index idx_runs_started on pgflow.runs (started_at, run_id);
 create index idx_runs_flow_slug_started on pgflow.runs (flow_slug, started_at, run_id);
 create index idx_runs_status_started on pgflow.runs (status, started_at, run_id);
+create index idx_runs_input on pgflow.runs using gin (input jsonb_path_ops);
 drop index pgflow.idx_runs_flow_slug;
 drop index pgflow.idx_runs_status;
 

@@ -148,6 +148,15 @@ impl RunFilter {
             q.push(" and r.started_at < ").push_bind(at);
         }
         if let Some((path, value)) = &self.input_equals {
+            // A containment test first, which the GIN index on input answers (equality at a path of object
+            // keys implies it); the path equality keeps the exact meaning. A path with array positions (digits)
+            // has no containment form, and reads the runs in order until a page is full.
+            if !path.is_empty() && path.iter().all(|k| !k.bytes().all(|b| b.is_ascii_digit())) {
+                let doc = path.iter().rev().fold(value.clone(), |inner, key| {
+                    Value::Object([(key.clone(), inner)].into_iter().collect())
+                });
+                q.push(" and r.input @> ").push_bind(doc);
+            }
             q.push(" and r.input #> ")
                 .push_bind(path.clone())
                 .push(" = ")
@@ -267,7 +276,9 @@ impl Admin {
         let mut tx = self.read().await?;
         let mut items: Vec<RunSummary> = q
             .build_query_as()
-            .persistent(self.persistent())
+            // Unnamed, so planned for its values each time: a cached generic plan cannot know whether the status
+            // or flow it filters on is 1% or 98% of the history, and picked plans 20 times slower.
+            .persistent(false)
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -306,7 +317,9 @@ impl Admin {
         let mut tx = self.read().await?;
         let row: (i64, i64, i64, i64) = q
             .build_query_as()
-            .persistent(self.persistent())
+            // Unnamed, so planned for its values each time: a cached generic plan cannot know whether the status
+            // or flow it filters on is 1% or 98% of the history, and picked plans 20 times slower.
+            .persistent(false)
             .fetch_one(&mut *tx)
             .await?;
         tx.commit().await?;
