@@ -260,6 +260,15 @@ fn detail_json(d: &RunDetail) -> Value {
             "errors": x.errors,
         })).collect::<Vec<_>>(),
         "replays": d.replays,
+        "actions": d.actions.iter().map(|a| json!({
+            "at": a.at,
+            "actor": a.actor,
+            "source": a.source,
+            "action": a.action.as_str(),
+            "detail": a.detail,
+            "succeeded": a.succeeded,
+            "error": a.error,
+        })).collect::<Vec<_>>(),
         "dag": dag::draw(&dag_nodes(d)),
     })
 }
@@ -394,6 +403,18 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
     }
     for replay in &detail.replays {
         output::line(&format!("replayed by run {replay}"))?;
+    }
+    for a in &detail.actions {
+        output::line(&format!(
+            "{} at {} by {} from {}: {}",
+            a.action.as_str(),
+            output::time(Some(a.at)),
+            a.actor,
+            a.source,
+            a.error
+                .as_deref()
+                .map_or_else(|| "done".to_owned(), |e| format!("refused: {e}"))
+        ))?;
     }
     match r.status.as_str() {
         "failed" | "cancelled" => output::line(&format!(
