@@ -38,6 +38,15 @@ macro_rules! text_enum {
             }
         }
 
+        impl ::std::str::FromStr for $name {
+            type Err = String;
+
+            /// Parses the SQL text of a value; the error names the value and the values this build knows.
+            fn from_str(text: &str) -> Result<Self, String> {
+                Self::parse(text)
+            }
+        }
+
         impl ::std::fmt::Display for $name {
             fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 f.write_str(self.as_str())
@@ -87,7 +96,8 @@ text_enum! {
 
 text_enum! {
     /// A task's status (`pgflow.step_tasks.status`).
-    pub(crate) enum TaskStatus {
+    #[non_exhaustive]
+    pub enum TaskStatus {
         /// Waiting in its queue (for a failure: it will be retried).
         Queued = "queued",
         /// Claimed and running.

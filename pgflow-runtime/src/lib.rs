@@ -58,6 +58,7 @@
 /// SQLSTATE codes it raises ([`sql::SqlState`]).
 pub use pgflow_sql as sql;
 
+pub mod admin;
 pub mod client;
 mod config;
 mod context;

@@ -186,8 +186,14 @@ create table pgflow.runs (
   constraint retry_count_nonnegative check (retry_count >= 0)
 ) with (fillfactor = 85);
 
-create index idx_runs_flow_slug on pgflow.runs (flow_slug);
-create index idx_runs_status on pgflow.runs (status);
+-- The operator's run list (pgflow_runtime::admin) pages newest first on (started_at, run_id), over every run, the
+-- runs of a flow or the runs in a status; each index also serves lookups by its leading column alone.
+create index idx_runs_started on pgflow.runs (started_at, run_id);
+create index idx_runs_flow_slug_started on pgflow.runs (flow_slug, started_at, run_id);
+create index idx_runs_status_started on pgflow.runs (status, started_at, run_id);
+-- The run list's input filter (a value at a JSON path) as containment: the runs whose input holds it, however
+-- far back they are, without reading the history in between.
+create index idx_runs_input on pgflow.runs using gin (input jsonb_path_ops);
 -- Retention finds the oldest finished runs without reading the started ones or the whole history.
 create index idx_runs_finished_at on pgflow.runs ((coalesce(completed_at, failed_at, cancelled_at)))
   where status <> 'started';

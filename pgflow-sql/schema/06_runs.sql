@@ -70,7 +70,7 @@ $$;
 -- batch per queue through the queue's statements, and signals those queues. Single steps get one task; map
 -- steps one per element of their input (the run input for a root map, else the output of the step they
 -- depend on). Each run's row is found by its key. The join of the batch to runs and steps could also be
--- planned from steps to every run of the flow (through idx_runs_flow_slug), and was, whenever runs had not been
+-- planned from steps to every run of the flow (through the runs' flow_slug index), and was, whenever runs had not been
 -- analysed since it grew: the planner then assumes a few runs per flow, and a start read one index entry per
 -- run the flow had ever had (3,000 in the test that found it). The lateral lookup (kept apart by offset 0)
 -- leaves the planner no such choice.

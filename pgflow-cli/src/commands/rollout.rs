@@ -1,0 +1,173 @@
+//! Rollouts: `activate` (`pgflow.activate_alias`), `fence` / `unfence` (`pgflow.disable_worker_function` /
+//! `enable_worker_function`) and `retirable` (`pgflow.version_retirable`). Each is one call of the SQL
+//! core's function, which holds the rule; these commands only call it and print its answer.
+
+use pgflow_runtime::admin::Admin;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::db::{explain, explain_admin, About};
+use crate::output::{self, Out};
+
+/// `activate ALIAS VERSION`.
+pub(crate) async fn activate(
+    pool: &PgPool,
+    out: Out,
+    alias: &str,
+    version: &str,
+) -> anyhow::Result<()> {
+    let result: Value = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
+        .bind(alias)
+        .bind(version)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| explain(e, About::Nothing))?;
+    if out.json {
+        return out.json(&result);
+    }
+    let previous = result["previous_flow_slug"].as_str();
+    output::line(&match (result["activated"].as_bool(), previous) {
+        (Some(false), _) => format!("alias `{alias}` already points at `{version}` (nothing changed)"),
+        (_, Some(previous)) => format!(
+            "alias `{alias}` now points at `{version}` (was `{previous}`; roll back with `pgflow activate {alias} {previous}`)"
+        ),
+        _ => format!("alias `{alias}` now points at `{version}`"),
+    })
+}
+
+/// Whether a worker function was ever tracked (a worker registered with it, or it was fenced before), as the
+/// read layer lists them.
+async fn known_function(pool: &PgPool, function: &str) -> anyhow::Result<bool> {
+    let functions = Admin::new(pool.clone())
+        .worker_functions()
+        .await
+        .map_err(|e| explain_admin(e, About::Nothing))?;
+    Ok(functions.iter().any(|f| f.function_name == function))
+}
+
+/// `fence FUNCTION --reason ..`.
+pub(crate) async fn fence(
+    pool: &PgPool,
+    out: Out,
+    function: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let known = known_function(pool, function).await?;
+    let state: Value = sqlx::query_scalar("select pgflow.disable_worker_function($1, $2)")
+        .bind(function)
+        .bind(reason)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| explain(e, About::Nothing))?;
+    if out.json {
+        return out.json(&state);
+    }
+    let kept = state["disabled_reason"].as_str().unwrap_or(reason);
+    output::line(&format!(
+        "worker function `{function}` is fenced ({kept}): its workers claim nothing and stop at their next \
+         heartbeat; lift it with `pgflow unfence {function}`"
+    ))?;
+    if !known {
+        output::line(&format!(
+            "note: no worker has registered as `{function}` yet; check the name if you meant a running deployment"
+        ))?;
+    }
+    Ok(())
+}
+
+/// `unfence FUNCTION`.
+pub(crate) async fn unfence(pool: &PgPool, out: Out, function: &str) -> anyhow::Result<()> {
+    if !known_function(pool, function).await? {
+        anyhow::bail!(
+            "no worker function is named `{function}`; `pgflow status` lists the fenced ones"
+        );
+    }
+    let state: Value = sqlx::query_scalar("select pgflow.enable_worker_function($1)")
+        .bind(function)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| explain(e, About::Nothing))?;
+    if out.json {
+        return out.json(&state);
+    }
+    output::line(&format!(
+        "worker function `{function}` is enabled: start (or restart) its workers"
+    ))
+}
+
+/// `retirable VERSION [--queue Q]`: `pgflow.version_retirable` for each queue the version uses.
+pub(crate) async fn retirable(
+    pool: &PgPool,
+    out: Out,
+    version: &str,
+    queue: Option<&str>,
+) -> anyhow::Result<()> {
+    let queues: Vec<String> = match queue {
+        Some(q) => vec![q.to_owned()],
+        None => sqlx::query_scalar(
+            "select distinct queue_name from pgflow.steps where flow_slug = $1 order by 1",
+        )
+        .bind(version)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| explain(e, About::Nothing))?,
+    };
+    // A slug without steps is no compiled version: the function's own error lists the known slugs.
+    let queues = if queues.is_empty() {
+        vec![version.to_lowercase()]
+    } else {
+        queues
+    };
+    let mut answers = Vec::new();
+    for q in &queues {
+        let answer: Value = sqlx::query_scalar("select pgflow.version_retirable($1, $2)")
+            .bind(version)
+            .bind(q)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| explain(e, About::Nothing))?;
+        answers.push(answer);
+    }
+    let all = answers.iter().all(|a| a["retirable"] == json!(true));
+    if out.json {
+        return out.json(&json!({ "flow_slug": version, "retirable": all, "queues": answers }));
+    }
+    let mut table = output::table(["QUEUE", "RETIRABLE", "BLOCKERS"]);
+    for a in &answers {
+        let blockers: Vec<String> = a["blockers"]
+            .as_array()
+            .map(|b| {
+                b.iter()
+                    .map(|b| {
+                        format!(
+                            "{}: {} ({})",
+                            b["step_slug"].as_str().unwrap_or("?"),
+                            b["reason"].as_str().unwrap_or("?"),
+                            b["count"]
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        table.add_row([
+            a["queue_name"].as_str().unwrap_or("?").to_owned(),
+            if a["retirable"] == json!(true) {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_owned(),
+            if blockers.is_empty() {
+                "-".to_owned()
+            } else {
+                blockers.join("; ")
+            },
+        ]);
+    }
+    output::print_table(&table, "no queues")?;
+    output::line(&if all {
+        format!("`{version}` is retirable on every queue: deploy the workers without it (fence, drain, deploy, unfence)")
+    } else {
+        format!("`{version}` is not retirable yet: keep it in the workers of the queues marked no")
+    })
+}
