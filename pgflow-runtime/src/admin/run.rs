@@ -115,10 +115,14 @@ pub struct StepDetail {
 }
 
 impl StepDetail {
-    /// `(finished, total)` tasks once the step started (a map step's k of N).
+    /// `(finished, total)` tasks once the step started (a map step's k of N); `None` before it starts or when
+    /// it was skipped.
     pub fn progress(&self) -> Option<(i32, i32)> {
+        if matches!(self.status, StepStatus::Created | StepStatus::Skipped) {
+            return None;
+        }
         let total = self.total_tasks?;
-        Some((total - self.remaining_tasks.unwrap_or(0), total))
+        Some((total - self.remaining_tasks.unwrap_or(total), total))
     }
 
     /// Whether this is a map step.
