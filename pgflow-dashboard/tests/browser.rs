@@ -523,6 +523,14 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     )
     .await;
     assert_eq!(status, json!(403));
+    // No page of the dashboard can be framed by another (a confirmation clicked through a frame).
+    let framing = js(
+        &b,
+        "return fetch('/runs').then(r => [r.headers.get('x-frame-options'), \
+         r.headers.get('content-security-policy')]);",
+    )
+    .await;
+    assert_eq!(framing, json!(["DENY", "frame-ancestors 'none'"]));
 
     // A cross-site POST to the writable dashboard (from the read-only one's origin) changes nothing.
     let victim = client
