@@ -277,6 +277,21 @@ pub(crate) fn run_live(base: &Base, w: &Writer, d: &RunDetail, hidden: bool) -> 
             h2 { "Operator actions" }
             (actions_table(&d.actions))
         }
+        @if !d.events.is_empty() {
+            h2 { "Events" }
+            table.events {
+                thead { tr { th { "When" } th { "What" } th { "Cause" } th { "Who" } th { "Where" } th { "Detail" } } }
+                tbody {
+                    @for e in &d.events {
+                        tr data-kind=(e.kind) {
+                            td { (time(e.occurred_at)) } td { (e.kind) } td { (e.cause) } td { (e.actor.clone().unwrap_or_default()) }
+                            td { @if let Some(step) = &e.step_slug { (step) @if let Some(i) = e.task_index { "[" (i) "]" } } }
+                            td { code { (truncate(&e.detail.to_string(), 160)) } }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

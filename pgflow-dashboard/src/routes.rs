@@ -54,7 +54,31 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/logout", post(logout))
         .route("/assets/dashboard.js", get(script))
         .route("/assets/dashboard.css", get(style))
+        .layer(axum::middleware::map_response(protect))
         .with_state(state)
+}
+
+/// Headers on every answer: no framing by other pages (a confirmation button cannot be clicked through a
+/// frame), no content sniffing, no URLs with run ids in referrers to other sites.
+async fn protect(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    headers.insert(
+        header::X_FRAME_OPTIONS,
+        header::HeaderValue::from_static("DENY"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("same-origin"),
+    );
+    response
 }
 
 /// The path the dashboard is mounted at (`""` when served alone), for links.
@@ -640,13 +664,14 @@ pub(crate) struct NextQuery {
     next: Option<String>,
 }
 
-/// A local path under the mount point, or the run list.
-fn safe_next(base: &Base, next: Option<&str>) -> String {
+/// A local path under the mount point, or the run list (never another site: no `//host`, `/\\host` or scheme).
+pub(crate) fn safe_next(base: &Base, next: Option<&str>) -> String {
     match next {
         Some(n)
             if n.starts_with(&format!("{}/", base.0))
                 && !n.starts_with("//")
-                && !n.contains("://") =>
+                && !n.contains("://")
+                && !n.contains('\\') =>
         {
             n.to_owned()
         }
@@ -739,4 +764,34 @@ async fn style() -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
         include_str!("../assets/dashboard.css"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sign_in_returns_only_to_a_page_of_the_dashboard() {
+        let base = Base("/ops".into());
+        assert_eq!(
+            safe_next(&base, Some("/ops/runs/x/cancel")),
+            "/ops/runs/x/cancel"
+        );
+        for bad in [
+            "//evil.example/",
+            "/\\evil.example",
+            "https://evil.example/ops/",
+            "/other",
+            "/ops",
+        ] {
+            assert_eq!(safe_next(&base, Some(bad)), "/ops/runs", "{bad}");
+        }
+        let root = Base(String::new());
+        assert_eq!(
+            safe_next(&root, Some("/runs?status=failed")),
+            "/runs?status=failed"
+        );
+        assert_eq!(safe_next(&root, Some("//evil.example")), "/runs");
+        assert_eq!(safe_next(&root, None), "/runs");
+    }
 }

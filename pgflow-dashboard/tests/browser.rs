@@ -176,6 +176,15 @@ where
     }
 }
 
+/// The element matching `css`, waiting (up to the limit) for a page that has it to load.
+async fn el(b: &Browser, css: &str) -> fantoccini::elements::Element {
+    b.wait()
+        .at_most(LIMIT)
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no `{css}` on the page within {LIMIT:?}: {e}"))
+}
+
 async fn js(b: &Browser, script: &str) -> Value {
     b.execute(script, vec![]).await.expect("script runs")
 }
@@ -311,13 +320,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         count(&b, "svg.dag g.node.st-failed[data-step=prepare]").await,
         1
     );
-    let error = b
-        .find(Locator::Css(".task-error"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let error = el(&b, ".task-error").await.text().await.unwrap();
     assert!(
         error.contains("prepare refused bad: <script>alert('x')</script>"),
         "{error}"
@@ -344,69 +347,36 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     b.goto(&format!("{w}/runs/{}", sleeping.run_id()))
         .await
         .unwrap();
-    b.find(Locator::Css("#cancel"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    b.find(Locator::Css("#actor"))
-        .await
-        .unwrap()
-        .send_keys("alice")
-        .await
-        .unwrap();
-    b.find(Locator::Css("#token"))
-        .await
-        .unwrap()
-        .send_keys("wrong")
-        .await
-        .unwrap();
-    b.find(Locator::Css("#signin"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    el(&b, "#cancel").await.click().await.unwrap();
+    el(&b, "#actor").await.send_keys("alice").await.unwrap();
+    el(&b, "#token").await.send_keys("wrong").await.unwrap();
+    el(&b, "#signin").await.click().await.unwrap();
     assert!(
-        b.find(Locator::Css("#login-error")).await.is_ok(),
+        b.wait()
+            .at_most(LIMIT)
+            .for_element(Locator::Css("#login-error"))
+            .await
+            .is_ok(),
         "a wrong token is refused"
     );
-    b.find(Locator::Css("#actor"))
+    el(&b, "#actor").await.send_keys("alice").await.unwrap();
+    el(&b, "#token").await.send_keys(TOKEN).await.unwrap();
+    el(&b, "#signin").await.click().await.unwrap();
+    eventually("signed in, back on the confirmation page", || async {
+        b.current_url()
+            .await
+            .ok()?
+            .path()
+            .ends_with("/cancel")
+            .then_some(())
+    })
+    .await;
+    el(&b, "input[name=reason]")
         .await
-        .unwrap()
-        .send_keys("alice")
-        .await
-        .unwrap();
-    b.find(Locator::Css("#token"))
-        .await
-        .unwrap()
-        .send_keys(TOKEN)
-        .await
-        .unwrap();
-    b.find(Locator::Css("#signin"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let url = b.current_url().await.unwrap();
-    assert!(
-        url.path().ends_with("/cancel"),
-        "signed in, back on the confirmation: {url}"
-    );
-    b.find(Locator::Css("input[name=reason]"))
-        .await
-        .unwrap()
         .send_keys("from the browser test")
         .await
         .unwrap();
-    b.find(Locator::Css("#confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    el(&b, "#confirm").await.click().await.unwrap();
     eventually("the run page to show the run cancelled", || async {
         (attr(&b, "#run-status", "data-status").await.as_deref() == Some("cancelled")).then_some(())
     })
@@ -418,18 +388,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     b.goto(&format!("{w}/runs/{}", failing.run_id()))
         .await
         .unwrap();
-    b.find(Locator::Css("#retry"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    b.find(Locator::Css("#confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    el(&b, "#retry").await.click().await.unwrap();
+    el(&b, "#confirm").await.click().await.unwrap();
     eventually("the retried run to complete on its page", || async {
         (attr(&b, "#run-status", "data-status").await.as_deref() == Some("completed")).then_some(())
     })
@@ -462,6 +422,29 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         ]
     );
 
+    // Replay the retried run from its map step: a new run, which completes and links back.
+    let select = el(&b, ".actions select[name=step]").await;
+    select.select_by_value("each").await.unwrap();
+    el(&b, "#replay").await.click().await.unwrap();
+    el(&b, "#confirm").await.click().await.unwrap();
+    eventually("the replay's page to show it completed", || async {
+        (attr(&b, "#run-status", "data-status").await.as_deref() == Some("completed")).then_some(())
+    })
+    .await;
+    eventually(
+        "the new run's page, linking back to the replayed run",
+        || async {
+            let source = b.source().await.ok()?;
+            (source.contains("Replay of") && source.contains(&failing.run_id().to_string()))
+                .then_some(())
+        },
+    )
+    .await;
+    eventually("the replay to complete on its page", || async {
+        (attr(&b, "#run-status", "data-status").await.as_deref() == Some("completed")).then_some(())
+    })
+    .await;
+
     // Schedules: pause and resume one, each confirmed and recorded.
     pgflow_runtime::schedules::Schedule::new("nightly-report", "dashFlow", "0 3 * * *")
         .input(json!({"label": "nightly", "mode": "ok"}))
@@ -475,18 +458,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
             .as_deref(),
         Some("false")
     );
-    b.find(Locator::Css("a.pause-resume"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    b.find(Locator::Css("#confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    el(&b, "a.pause-resume").await.click().await.unwrap();
+    el(&b, "#confirm").await.click().await.unwrap();
     eventually("the schedule shown paused", || async {
         (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
             .await
@@ -496,18 +469,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     })
     .await;
     screenshot(&b, "schedules.png").await;
-    b.find(Locator::Css("a.pause-resume"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    b.find(Locator::Css("#confirm"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    el(&b, "a.pause-resume").await.click().await.unwrap();
+    el(&b, "#confirm").await.click().await.unwrap();
     eventually("the schedule shown active again", || async {
         (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
             .await
@@ -560,6 +523,14 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     )
     .await;
     assert_eq!(status, json!(403));
+    // No page of the dashboard can be framed by another (a confirmation clicked through a frame).
+    let framing = js(
+        &b,
+        "return fetch('/runs').then(r => [r.headers.get('x-frame-options'), \
+         r.headers.get('content-security-policy')]);",
+    )
+    .await;
+    assert_eq!(framing, json!(["DENY", "frame-ancestors 'none'"]));
 
     // A cross-site POST to the writable dashboard (from the read-only one's origin) changes nothing.
     let victim = client
@@ -581,7 +552,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(recorded, 4, "the forged request left no record");
+    assert_eq!(recorded, 5, "the forged request left no record");
     victim.cancel(Some("test over")).await.unwrap();
 
     b.close().await.unwrap();

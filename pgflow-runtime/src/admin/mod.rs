@@ -7,7 +7,8 @@
 //!   range, an input value at a JSON path), one keyset page at a time ([`Page`], [`Cursor`]);
 //!   [`Admin::run_counts`]: how many runs match per status (bounded by [`COUNT_CAP`]).
 //! - [`Admin::run`]: one run in detail ([`RunDetail`]): its row, its steps with their dependencies and map
-//!   progress, its tasks with their attempts, its retries and replays, and the operator actions taken on it.
+//!   progress, its tasks with their attempts, its retries and replays, its event log, and the operator actions
+//!   taken on it.
 //! - [`Admin::queues`], [`Admin::queue_rates`], [`Admin::uncovered_routes`], [`Admin::coverage_gaps`]: queue
 //!   depth and age, claims and completions per minute, and work that no live worker can run.
 //! - [`Admin::workers`], [`Admin::worker_functions`], [`Admin::flows`], [`Admin::aliases`]: live workers with
@@ -53,7 +54,7 @@ pub use fleet::{
     AliasInfo, CoverageGap, FlowInfo, MinuteCounts, QueueInfo, QueueRates, Route, UncoveredRoute,
     VersionInfo, VersionQueue, WorkerFunction, WorkerInfo,
 };
-pub use run::{RetryRecord, RunDetail, RunInfo, StepDetail, TaskDetail};
+pub use run::{RetryRecord, RunDetail, RunEvent, RunInfo, StepDetail, TaskDetail};
 pub use runs::{Cursor, Page, RunFilter, RunSummary, StatusCount, COUNT_CAP, MAX_PAGE};
 pub use schedules::ScheduleInfo;
 

@@ -1,4 +1,4 @@
-//! One run in detail: its row, steps, tasks, retries, replays and the operator actions taken on it.
+//! One run in detail: its row, steps, tasks, retries, replays, its event log and the operator actions taken on it.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -27,6 +27,33 @@ pub struct RunDetail {
     pub replays: Vec<Uuid>,
     /// The operator actions taken on it (newest first, at most 50).
     pub actions: Vec<OperatorAction>,
+    /// Its entries in the event log `pgflow.events` (newest first, at most 50): failures, cancellation,
+    /// retries, replays, stale results.
+    pub events: Vec<RunEvent>,
+}
+
+/// An entry of the event log about a run (`pgflow.events`).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct RunEvent {
+    /// Its id, in the order logged.
+    pub event_id: i64,
+    /// When.
+    pub occurred_at: DateTime<Utc>,
+    /// What (`task_failed`, `run_failed`, `run_cancelled`, `run_retried`, `run_replayed`, ...).
+    pub kind: String,
+    /// What made it happen (`attempts_exhausted`, `operator`, ...).
+    pub cause: String,
+    /// Who: a worker id, or the database role of an operator.
+    pub actor: Option<String>,
+    /// The step it concerns.
+    pub step_slug: Option<String>,
+    /// The task it concerns.
+    pub task_index: Option<i32>,
+    /// The worker it concerns.
+    pub worker_id: Option<Uuid>,
+    /// Its details.
+    pub detail: Value,
 }
 
 impl RunDetail {
@@ -115,10 +142,14 @@ pub struct StepDetail {
 }
 
 impl StepDetail {
-    /// `(finished, total)` tasks once the step started (a map step's k of N).
+    /// `(finished, total)` tasks once the step started (a map step's k of N); `None` before it starts or when
+    /// it was skipped.
     pub fn progress(&self) -> Option<(i32, i32)> {
+        if matches!(self.status, StepStatus::Created | StepStatus::Skipped) {
+            return None;
+        }
         let total = self.total_tasks?;
-        Some((total - self.remaining_tasks.unwrap_or(0), total))
+        Some((total - self.remaining_tasks.unwrap_or(total), total))
     }
 
     /// Whether this is a map step.
@@ -215,6 +246,10 @@ const TASKS: &str = "select t.step_slug, t.task_index, t.status, t.attempts_coun
      left join pgflow.workers w on w.worker_id = t.last_worker_id \
      where s.flow_slug = $2 order by s.step_index, t.task_index";
 
+const EVENTS: &str =
+    "select event_id, occurred_at, kind, cause, actor, step_slug, task_index, worker_id, detail \
+     from pgflow.events where run_id = $1 order by event_id desc limit 50";
+
 const RETRIES: &str =
     "select retry_number, retried_at, retried_by, previous_status, previous_cancel_reason, \
      errors from pgflow.run_retries where run_id = $1 order by retry_number";
@@ -268,6 +303,11 @@ impl Admin {
             .persistent(p)
             .fetch_all(&mut *tx)
             .await?;
+        let events: Vec<RunEvent> = sqlx::query_as(EVENTS)
+            .bind(run_id)
+            .persistent(p)
+            .fetch_all(&mut *tx)
+            .await?;
         let actions = Self::actions_in(&mut tx, Some(run_id), 50, p).await?;
         tx.commit().await?;
         Ok(Some(RunDetail {
@@ -277,6 +317,7 @@ impl Admin {
             retries,
             replays,
             actions,
+            events,
         }))
     }
 }

@@ -163,6 +163,7 @@ async fn the_read_layer_filters_pages_counts_and_details_the_runs_a_worker_ran()
     assert_eq!(each.deps, vec!["split".to_owned()]);
     assert_eq!(each.progress(), Some((3, 3)));
     assert_eq!(detail.step("total").unwrap().status, StepStatus::Failed);
+    assert_eq!(detail.step("total").unwrap().progress(), Some((0, 1)));
     assert_eq!(detail.tasks_of("each").count(), 3);
     let failed_tasks: Vec<_> = detail.failed_tasks().collect();
     assert_eq!(failed_tasks.len(), 1);
@@ -182,6 +183,11 @@ async fn the_read_layer_filters_pages_counts_and_details_the_runs_a_worker_ran()
         .iter()
         .filter(|t| t.step_slug != "total")
         .all(|t| t.status == TaskStatus::Completed && t.output.is_some()));
+    let kinds: Vec<_> = detail.events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(
+        kinds.contains(&"run_failed") && kinds.contains(&"task_failed"),
+        "{kinds:?}"
+    );
     assert!(admin.run(uuid::Uuid::new_v4()).await.unwrap().is_none());
 
     // Hidden payloads never leave the database.
