@@ -1,6 +1,8 @@
 //! The dashboard in a real browser: headless Chromium through WebDriver (chromedriver, started here on a free
 //! port) against two real dashboards (one writable, mounted under `/ops`; one read-only, hiding payloads) over a throwaway
-//! PostgreSQL, with a real worker running the test flow. Saves a screenshot of each view in `docs/dashboard/`.
+//! PostgreSQL, with a real worker running the test flow. Saves a screenshot of each view in the test's target directory
+//! (`target/tmp/dashboard-screenshots/`), or in `docs/dashboard/` (the README's pictures) with
+//! `PGFLOW_UPDATE_SCREENSHOTS=1`.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them).
 #![allow(unreachable_pub)] // flow input types appear in the generated (public) flow items
@@ -204,7 +206,11 @@ async fn attr(b: &Browser, css: &str, name: &str) -> Option<String> {
 
 async fn screenshot(b: &Browser, name: &str) {
     let png = b.screenshot().await.expect("a screenshot");
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard");
+    let dir = if std::env::var_os("PGFLOW_UPDATE_SCREENSHOTS").is_some() {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard")
+    } else {
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots")
+    };
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(name), png).unwrap();
 }
