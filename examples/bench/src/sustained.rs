@@ -40,6 +40,9 @@ const TABLES: &[&str] = &[
     "pgflow.workers",
     "pgflow.run_watchers",
     "pgflow.queue_signals",
+    "pgflow.events",
+    "pgflow.run_retries",
+    "pgflow.idempotency_keys",
 ];
 
 /// One sample: seconds since the start, runs finished in the interval, and the row count of each table.
