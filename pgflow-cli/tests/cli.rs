@@ -803,17 +803,13 @@ async fn dashboard_serves_the_runs_of_the_database_until_stopped() {
     assert_eq!(announced["writable"], json!(false));
     assert_eq!(announced["hide_payloads"], json!(true));
 
-    let mut page = String::new();
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+    pgflow_tests::wait_until(LIMIT, "the dashboard to listen", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
-        {
-            page = http_get(port, "/runs").await;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    let page = http_get(port, "/runs").await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(
         page.contains(&run.to_string()),

@@ -123,17 +123,12 @@ async fn start_browser() -> (Driver, Browser) {
             .spawn()
             .expect("chromedriver starts"),
     );
-    let deadline = Instant::now() + LIMIT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "chromedriver did not listen on port {port} within {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    pgflow_tests::wait_until(LIMIT, "chromedriver to listen", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
@@ -546,13 +541,14 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     js(
         &b,
         &format!(
-            "fetch('{w}/runs/{}/cancel', {{method: 'POST', mode: 'no-cors', credentials: 'include', \
-             headers: {{'content-type': 'application/x-www-form-urlencoded'}}, body: 'confirm=yes'}}); return null;",
+            "return fetch('{w}/runs/{}/cancel', {{method: 'POST', mode: 'no-cors', credentials: 'include', \
+             headers: {{'content-type': 'application/x-www-form-urlencoded'}}, body: 'confirm=yes'}}).then(() => null, () => null);",
             victim.run_id()
         ),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The script returns the fetch's promise, which WebDriver awaits: the server has answered the forged
+    // request by now.
     assert_eq!(run_status(&pool, victim.run_id()).await, "started");
     let recorded: i64 = sqlx::query_scalar("select count(*) from pgflow.operator_actions")
         .fetch_one(&pool)
