@@ -2,7 +2,9 @@
 //! (`pgflow_runtime::admin`), which holds every query; these only print its answers.
 
 use anyhow::anyhow;
-use pgflow_runtime::admin::{Admin, RunDetail, RunFilter};
+use pgflow_runtime::admin::{
+    Admin, CoverageGap, QueueInfo, RunDetail, RunFilter, UncoveredRoute, WorkerFunction,
+};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -24,41 +26,60 @@ pub(crate) async fn status(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     let disabled: Vec<_> = functions.iter().filter(|f| !f.enabled).collect();
 
     if out.json {
-        return out.json(&json!({
-            "queues": queues.iter().map(|q| json!({
-                "queue_name": q.queue_name,
-                "depth": q.depth,
-                "oldest_age_seconds": q.oldest_age_seconds,
-                "live_workers": q.live_workers,
-                "fenced_workers": q.fenced_workers,
-            })).collect::<Vec<_>>(),
-            "uncovered_routes": uncovered.iter().map(|u| json!({
-                "flow_slug": u.flow_slug,
-                "step_slug": u.step_slug,
-                "queue_name": u.queue_name,
-                "queued_tasks": u.queued_tasks,
-                "oldest_queued_at": u.oldest_queued_at,
-            })).collect::<Vec<_>>(),
-            "coverage_gaps": gaps.iter().map(|g| json!({
-                "queue_name": g.queue_name,
-                "flow_slug": g.flow_slug,
-                "step_slug": g.step_slug,
-                "reason": g.reason,
-                "count": g.count,
-                "examples": g.examples,
-                "repair": g.repair,
-            })).collect::<Vec<_>>(),
-            "disabled_functions": disabled.iter().map(|f| json!({
-                "function_name": f.function_name,
-                "disabled_reason": f.disabled_reason,
-                "disabled_at": f.disabled_at,
-            })).collect::<Vec<_>>(),
-        }));
+        return out.json(&status_json(&queues, &uncovered, &gaps, &disabled));
     }
+    print_status(&queues, &uncovered, &gaps, &disabled)
+}
 
+/// `status --json`: the four lists as JSON objects.
+fn status_json(
+    queues: &[QueueInfo],
+    uncovered: &[UncoveredRoute],
+    gaps: &[CoverageGap],
+    disabled: &[&WorkerFunction],
+) -> Value {
+    json!({
+        "queues": queues.iter().map(|q| json!({
+            "queue_name": q.queue_name,
+            "depth": q.depth,
+            "oldest_age_seconds": q.oldest_age_seconds,
+            "live_workers": q.live_workers,
+            "fenced_workers": q.fenced_workers,
+        })).collect::<Vec<_>>(),
+        "uncovered_routes": uncovered.iter().map(|u| json!({
+            "flow_slug": u.flow_slug,
+            "step_slug": u.step_slug,
+            "queue_name": u.queue_name,
+            "queued_tasks": u.queued_tasks,
+            "oldest_queued_at": u.oldest_queued_at,
+        })).collect::<Vec<_>>(),
+        "coverage_gaps": gaps.iter().map(|g| json!({
+            "queue_name": g.queue_name,
+            "flow_slug": g.flow_slug,
+            "step_slug": g.step_slug,
+            "reason": g.reason,
+            "count": g.count,
+            "examples": g.examples,
+            "repair": g.repair,
+        })).collect::<Vec<_>>(),
+        "disabled_functions": disabled.iter().map(|f| json!({
+            "function_name": f.function_name,
+            "disabled_reason": f.disabled_reason,
+            "disabled_at": f.disabled_at,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `status` for people: the four lists as tables.
+fn print_status(
+    queues: &[QueueInfo],
+    uncovered: &[UncoveredRoute],
+    gaps: &[CoverageGap],
+    disabled: &[&WorkerFunction],
+) -> anyhow::Result<()> {
     output::line("QUEUES")?;
     let mut table = output::table(["QUEUE", "DEPTH", "OLDEST", "LIVE WORKERS", "FENCED"]);
-    for q in &queues {
+    for q in queues {
         table.add_row([
             q.queue_name.clone(),
             q.depth
@@ -73,7 +94,7 @@ pub(crate) async fn status(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     output::line("")?;
     output::line("UNCOVERED ROUTES (queued work no live worker can run)")?;
     let mut table = output::table(["FLOW", "STEP", "QUEUE", "QUEUED", "SINCE"]);
-    for u in &uncovered {
+    for u in uncovered {
         table.add_row([
             u.flow_slug.clone(),
             u.step_slug.clone(),
@@ -87,7 +108,7 @@ pub(crate) async fn status(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     output::line("")?;
     output::line("COVERAGE GAPS (pairs a queue must carry that its live workers lack)")?;
     let mut table = output::table(["QUEUE", "FLOW", "STEP", "REASON", "COUNT", "REPAIR"]);
-    for g in &gaps {
+    for g in gaps {
         table.add_row([
             g.queue_name.clone(),
             g.flow_slug.clone(),
@@ -102,7 +123,7 @@ pub(crate) async fn status(pool: &PgPool, out: Out) -> anyhow::Result<()> {
     output::line("")?;
     output::line("DISABLED WORKER FUNCTIONS")?;
     let mut table = output::table(["FUNCTION", "SINCE", "REASON"]);
-    for f in &disabled {
+    for f in disabled {
         table.add_row([
             f.function_name.clone(),
             output::time(f.disabled_at),

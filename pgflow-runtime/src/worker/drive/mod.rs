@@ -36,13 +36,12 @@
 //!   recorded until then.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
@@ -52,13 +51,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::background::OwnBackends;
 use super::batch::{Recording, RunTime};
-use super::claim::{ClaimError, ClaimOutcome, Claimed, Claimer, Exchanged, Unsupported};
+use super::claim::{Claimed, Claimer, Unsupported};
 use super::execute::{self, Shared};
-use super::record::{describe, Recorder, RECORD_PATIENCE};
+use super::record::{describe, Recorder};
 use super::result::TaskResult;
-use super::retry::{jitter, transient, Backoff};
+use super::retry::Backoff;
 use super::StopReason;
 use crate::config::WorkerConfig;
+
+mod exchange;
+
+use exchange::{exchange, Cycle};
 
 /// How long the driver keeps an unused connection before handing it back to the pool.
 const SPARE_FOR: Duration = Duration::from_millis(100);
@@ -86,18 +89,6 @@ pub(crate) struct Driver {
     pub(crate) wake: Arc<Notify>,
     /// The server processes of this worker's exchanges, whose queue signals it ignores.
     pub(crate) own: OwnBackends,
-}
-
-/// One finished exchange.
-struct Cycle {
-    /// The connection, unless the call failed (then it is dropped, in case it is broken).
-    conn: Option<PoolConnection<Postgres>>,
-    outputs: Vec<TaskResult>,
-    /// One unrecorded-result permit per task asked for.
-    rooms: Vec<OwnedSemaphorePermit>,
-    result: Result<Exchanged, ClaimError>,
-    /// How long the call took (the claim round trip).
-    took: Duration,
 }
 
 /// Where a stopping driver is.
@@ -374,147 +365,6 @@ impl DriverLoop {
         }
     }
 
-    /// An exchange ended.
-    fn on_exchanged(&mut self, cycle: Cycle) {
-        let metrics = &self.d.recorder.metrics;
-        if let Ok(exchanged) = &cycle.result {
-            metrics.claim.record(cycle.took.as_secs_f64());
-            metrics.batch_outputs.record(cycle.outputs.len() as f64);
-            if let ClaimOutcome::Claimed(tasks) = &exchanged.claim {
-                metrics.batch_claimed.record(tasks.len() as f64);
-            }
-        }
-        self.claiming -= cycle.rooms.len();
-        self.recording.ended(&cycle.outputs);
-        if let Some(conn) = cycle.conn {
-            if self.spare.len() < MAX_SPARE {
-                self.spare.push((conn, Instant::now()));
-            }
-        }
-        match cycle.result {
-            Ok(exchanged) => self.on_exchange_ok(exchanged, cycle.outputs, cycle.rooms),
-            Err(ClaimError::Decode(e)) => {
-                // The transaction committed; its rows cannot be read. The outputs are recorded or stale;
-                // claimed tasks are recovered by their visibility and timeout.
-                tracing::error!(error = %e, "cannot decode the exchange result");
-                self.d.recorder.done(cycle.outputs);
-                self.hold_until = Some(Instant::now() + self.errors.next_delay());
-            }
-            Err(ClaimError::Database(e)) => self.on_exchange_failed(e, cycle.outputs),
-        }
-        let unrecorded = self.d.config.max_unrecorded - self.rooms.available_permits();
-        self.d.recorder.metrics.unrecorded.set(unrecorded as f64);
-    }
-
-    fn on_exchange_ok(
-        &mut self,
-        exchanged: Exchanged,
-        outputs: Vec<TaskResult>,
-        rooms: Vec<OwnedSemaphorePermit>,
-    ) {
-        if let Some(pid) = exchanged.backend_pid {
-            self.d.own.add(pid);
-        }
-        self.errors.reset();
-        self.hold_until = None;
-        let recorder = &self.d.recorder;
-        recorder.recorded(exchanged.completions, &outputs);
-        recorder.done(outputs);
-        if exchanged.deferred > 0 {
-            recorder.metrics.deferred.increment(exchanged.deferred);
-            recorder
-                .stats
-                .deferred
-                .fetch_add(exchanged.deferred, Ordering::Relaxed);
-            tracing::debug!(
-                deferred = exchanged.deferred,
-                "read messages whose task is running elsewhere; left to that attempt"
-            );
-        }
-        match exchanged.claim {
-            ClaimOutcome::Claimed(tasks) => self.on_claimed(tasks, rooms),
-            ClaimOutcome::Unsupported(unsupported) => {
-                recorder.metrics.unsupported.increment(1);
-                self.fatal.get_or_insert(Fatal(unsupported));
-                self.d.stop.cancel();
-            }
-            ClaimOutcome::Disabled(disabled) => {
-                tracing::warn!(worker_id = %self.d.claimer.worker_id, reason = ?disabled.reason,
-                    "worker function disabled: no more claims, draining");
-                self.d
-                    .reason
-                    .lock()
-                    .expect("stop reason lock")
-                    .get_or_insert(StopReason::Disabled);
-                self.d.stop.cancel();
-            }
-        }
-    }
-
-    /// Claimed tasks wait for slots; a claim short of what it asked for sets the poll timer.
-    fn on_claimed(&mut self, tasks: Vec<Claimed>, rooms: Vec<OwnedSemaphorePermit>) {
-        let asked = rooms.len();
-        if asked > 0 {
-            // Short of what it asked for: look again on a signal, a result or the poll timer, which backs
-            // off only once claims have found nothing for a while (signals are throttled, so a busy queue can
-            // have work that no signal announced).
-            let now = Instant::now();
-            if !tasks.is_empty() {
-                self.last_found = now;
-            }
-            if now.duration_since(self.last_found) < ACTIVE_FOR {
-                self.idle.reset();
-            }
-            self.want_claim = tasks.len() == asked;
-            self.last_claim_full = self.want_claim;
-            self.poll_at = (!self.want_claim).then(|| now + jitter(self.idle.next_delay()));
-        }
-        let mut permits = rooms.into_iter();
-        let metrics = &self.d.recorder.metrics;
-        for task in &tasks {
-            metrics.on(&task.flow_slug, &task.step_slug, |m| m.claimed.increment(1));
-        }
-        for task in tasks {
-            let room = permits.next().expect("never more tasks than asked for");
-            if self.stopping.is_none() {
-                self.ready.push_back((task, room));
-            }
-        }
-    }
-
-    /// The exchange failed: its outputs are kept and retried with backoff (or, refused as a whole,
-    /// recorded one by one).
-    fn on_exchange_failed(&mut self, e: sqlx::Error, outputs: Vec<TaskResult>) {
-        let wait = self.errors.next_delay();
-        self.hold_until = Some(Instant::now() + wait);
-        if !outputs.is_empty() && !transient(&e) {
-            // Refused as a whole (an output it cannot store): one by one.
-            let recorder = Arc::clone(&self.d.recorder);
-            self.side
-                .spawn(async move { recorder.complete(outputs).await });
-            self.hold_until = None;
-            return;
-        }
-        tracing::warn!(queue = %self.d.claimer.queue, error = %e,
-            retry_in_ms = wait.as_millis() as u64, outputs = outputs.len(),
-            "exchange failed; backing off");
-        let now = Instant::now();
-        let (expired, kept): (Vec<_>, Vec<_>) = outputs
-            .into_iter()
-            .map(|mut o| {
-                o.first_error.get_or_insert(now);
-                o
-            })
-            .partition(|o| {
-                o.first_error
-                    .is_some_and(|t| now.duration_since(t) >= RECORD_PATIENCE)
-            });
-        if !expired.is_empty() {
-            self.d.recorder.give_up(expired, &e);
-        }
-        self.outputs.splice(0..0, kept);
-    }
-
     /// Handlers sent results: take every one waiting.
     fn on_results(&mut self, item: TaskResult) {
         self.sort(item);
@@ -566,43 +416,6 @@ impl Driver {
                 "shutdown grace over with results not recorded; recovery will run these tasks again");
         }
     }
-}
-
-/// One exchange on `conn` (or a connection from the pool).
-fn exchange(
-    pool: PgPool,
-    claimer: Arc<Claimer>,
-    conn: Option<PoolConnection<Postgres>>,
-    outputs: Vec<TaskResult>,
-    rooms: Vec<OwnedSemaphorePermit>,
-) -> BoxFuture<'static, Cycle> {
-    async move {
-        let mut conn = match conn {
-            Some(conn) => conn,
-            None => match pool.acquire().await {
-                Ok(conn) => conn,
-                Err(e) => {
-                    return Cycle {
-                        conn: None,
-                        outputs,
-                        rooms,
-                        result: Err(ClaimError::Database(e)),
-                        took: Duration::ZERO,
-                    }
-                }
-            },
-        };
-        let started = Instant::now();
-        let result = claimer.exchange(&mut conn, &outputs, rooms.len()).await;
-        Cycle {
-            conn: result.is_ok().then_some(conn),
-            outputs,
-            rooms,
-            result,
-            took: started.elapsed(),
-        }
-    }
-    .boxed()
 }
 
 async fn sleep_until(at: Option<Instant>) {
