@@ -2,8 +2,9 @@
 //! with sqlx (as a column) or serde (inside a JSON answer). A value this build does not know is a decode
 //! error that names the type and the value, never a default.
 
-/// Declares an enum of the values a text column (or JSON string) can hold, with `as_str`, `Display`, and
-/// decoding from a text column (`sqlx::Decode`) and from JSON (`serde::Deserialize`).
+/// Declares an enum of the values a text column (or JSON string) can hold, with `as_str`, `Display`,
+/// decoding from a text column (`sqlx::Decode`) and from JSON (`serde::Deserialize`), and `Serialize` as the
+/// same text.
 macro_rules! text_enum {
     (
         $(#[$meta:meta])*
@@ -72,6 +73,12 @@ macro_rules! text_enum {
             }
         }
 
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
         impl<'de> ::serde::Deserialize<'de> for $name {
             fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let text = <::std::borrow::Cow<'de, str> as ::serde::Deserialize<'de>>::deserialize(d)?;
@@ -129,5 +136,29 @@ mod tests {
         let json: Result<Recorded, _> = serde_json::from_value(serde_json::json!("applied"));
         assert_eq!(json.unwrap(), Recorded::Applied);
         assert!(serde_json::from_value::<Recorded>(serde_json::json!("nope")).is_err());
+    }
+}
+
+text_enum! {
+    /// A step's kind (`pgflow.steps.step_type`).
+    #[non_exhaustive]
+    pub enum StepType {
+        /// One task, run once.
+        Single = "single",
+        /// One task per element of its input array.
+        Map = "map",
+    }
+}
+
+text_enum! {
+    /// How a flow version routes its steps to queues (`pgflow.flows.queue_mode`).
+    #[non_exhaustive]
+    pub enum QueueMode {
+        /// Every step on the flow's single default queue (`lower(flow_slug)`).
+        Flow = "flow",
+        /// Every step on its own private queue.
+        Step = "step",
+        /// Every step on a named, shared queue.
+        Named = "named",
     }
 }

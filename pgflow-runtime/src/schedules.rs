@@ -33,7 +33,8 @@ use uuid::Uuid;
 use crate::Flow;
 
 /// What happens to fires missed while no worker ran (or the database was unreachable).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(try_from = "MissedColumns")]
 pub enum Missed {
     /// Drop them and go on with the next fire. A fire counts as missed when no worker fired it within
     /// [`MISSED_GRACE`] of its time.
@@ -43,14 +44,86 @@ pub enum Missed {
     CatchUp(u32),
 }
 
-/// What a fire does while the schedule's previous run is still running.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Overlap {
-    /// Start a run anyway.
-    #[default]
-    Allow,
-    /// Start none; the fire is recorded as `skipped_overlap` in `pgflow.schedule_fires`.
-    Skip,
+impl Missed {
+    /// The policy's SQL text (`pgflow.schedules.missed`): `skip` or `catch_up`.
+    pub const fn as_str(self) -> &'static str {
+        self.kind().as_str()
+    }
+
+    /// How many missed fires it catches up at most (`None` for [`Missed::Skip`]).
+    pub const fn catch_up_max(self) -> Option<u32> {
+        match self {
+            Missed::Skip => None,
+            Missed::CatchUp(n) => Some(n),
+        }
+    }
+
+    const fn kind(self) -> MissedKind {
+        match self {
+            Missed::Skip => MissedKind::Skip,
+            Missed::CatchUp(_) => MissedKind::CatchUp,
+        }
+    }
+}
+
+impl std::fmt::Display for Missed {
+    /// `skip`, or `catch_up (at most N)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Missed::Skip => f.write_str("skip"),
+            Missed::CatchUp(n) => write!(f, "catch_up (at most {n})"),
+        }
+    }
+}
+
+crate::decode::text_enum! {
+    /// The text of a missed-fire policy (`pgflow.schedules.missed`); its bound is `catch_up_max`.
+    pub(crate) enum MissedKind {
+        Skip = "skip",
+        CatchUp = "catch_up",
+    }
+}
+
+/// A schedule's two missed-fire columns, as SQL selects them with
+/// `jsonb_build_object('missed', missed, 'catch_up_max', catch_up_max)`.
+#[derive(serde::Deserialize)]
+struct MissedColumns {
+    missed: MissedKind,
+    catch_up_max: i64,
+}
+
+impl TryFrom<MissedColumns> for Missed {
+    type Error = String;
+
+    fn try_from(c: MissedColumns) -> Result<Self, String> {
+        Ok(match c.missed {
+            MissedKind::Skip => Missed::Skip,
+            MissedKind::CatchUp => {
+                Missed::CatchUp(u32::try_from(c.catch_up_max).map_err(|_| {
+                    format!(
+                        "catch_up_max must be 1 to 1000, the database holds {}",
+                        c.catch_up_max
+                    )
+                })?)
+            }
+        })
+    }
+}
+
+/// The missed-fire policy of `pgflow.schedules` as one JSON column (see [`Missed`]'s decoding).
+pub(crate) const MISSED_COLUMN: &str =
+    "jsonb_build_object('missed', s.missed, 'catch_up_max', s.catch_up_max)";
+
+crate::decode::text_enum! {
+    /// What a fire does while the schedule's previous run is still running.
+    #[derive(Default)]
+    pub enum Overlap {
+        /// Start a run anyway.
+        #[default]
+        Allow = "allow",
+        /// Start none; the fire is recorded as `skipped_overlap` in `pgflow.schedule_fires`.
+        Skip = "skip",
+    }
 }
 
 /// How late a fire may be and still start a run under [`Missed::Skip`].
@@ -295,14 +368,10 @@ impl Schedule {
     pub(crate) async fn set_with(&self, pool: &PgPool, pooled: bool) -> Result<(), ScheduleError> {
         self.validate()?;
         let next = self.next_fire_after(Utc::now())?;
-        let (missed, catch_up) = match self.missed {
-            Missed::Skip => ("skip", 1),
-            Missed::CatchUp(n) => ("catch_up", i32::try_from(n).unwrap_or(i32::MAX)),
-        };
-        let overlap = match self.overlap {
-            Overlap::Allow => "allow",
-            Overlap::Skip => "skip",
-        };
+        let catch_up = self
+            .missed
+            .catch_up_max()
+            .map_or(1, |n| i32::try_from(n).unwrap_or(i32::MAX));
         let query = sqlx::query(
             "select 1 from pgflow.set_schedule(schedule_name => $1, flow_slug => $2, cron => $3, \
              time_zone => $4, input => $5, missed => $6, catch_up_max => $7, overlap => $8, \
@@ -313,9 +382,9 @@ impl Schedule {
         .bind(&self.cron)
         .bind(&self.time_zone)
         .bind(&self.input)
-        .bind(missed)
+        .bind(self.missed.as_str())
         .bind(catch_up)
-        .bind(overlap)
+        .bind(self.overlap.as_str())
         .bind(next);
         run!(pooled, pool, query, execute)
             .await
@@ -381,8 +450,8 @@ struct Due {
     schedule_name: String,
     cron: String,
     time_zone: String,
-    missed: String,
-    catch_up_max: i32,
+    #[sqlx(json)]
+    missed: Missed,
     next_fire_at: Option<DateTime<Utc>>,
 }
 
@@ -403,11 +472,11 @@ async fn fire_due_with(
     now: DateTime<Utc>,
     pooled: bool,
 ) -> Result<Vec<Fired>, sqlx::Error> {
-    let query = sqlx::query_as(
-        "select schedule_name, cron, time_zone, missed, catch_up_max, next_fire_at \
-         from pgflow.due_schedules(as_of => $1)",
-    )
-    .bind(now);
+    let sql = format!(
+        "select s.schedule_name, s.cron, s.time_zone, {MISSED_COLUMN} as missed, s.next_fire_at \
+         from pgflow.due_schedules(as_of => $1) s"
+    );
+    let query = sqlx::query_as(&sql).bind(now);
     let due: Vec<Due> = run!(pooled, pool, query, fetch_all).await?;
     let mut fired = Vec::new();
     for d in due {
@@ -420,8 +489,8 @@ async fn fire_due_with(
                 let times = match d.next_fire_at {
                     None => Vec::new(),
                     Some(from) => {
-                        let keep = usize::try_from(d.catch_up_max.max(1)).unwrap_or(1);
-                        if d.missed == "catch_up" {
+                        if let Missed::CatchUp(keep) = d.missed {
+                            let keep = usize::try_from(keep.max(1)).unwrap_or(1);
                             when.due(from, now, keep)
                         } else {
                             let grace = chrono::Duration::from_std(MISSED_GRACE)

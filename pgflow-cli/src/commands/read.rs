@@ -113,7 +113,7 @@ fn print_status(
             g.queue_name.clone(),
             g.flow_slug.clone(),
             g.step_slug.clone(),
-            g.reason.clone(),
+            g.reason.to_string(),
             g.count.to_string(),
             g.repair.clone(),
         ]);
@@ -365,7 +365,7 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
             .unwrap_or_else(|| "-".to_owned());
         table.add_row([
             s.step_slug.clone(),
-            s.step_type.clone(),
+            s.step_type.to_string(),
             s.status.as_str().to_owned(),
             tasks,
             s.queue_name.clone(),

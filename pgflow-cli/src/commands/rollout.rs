@@ -102,61 +102,20 @@ pub(crate) async fn retirable(
     version: &str,
     queue: Option<&str>,
 ) -> anyhow::Result<()> {
-    let queues: Vec<String> = match queue {
-        Some(q) => vec![q.to_owned()],
-        None => sqlx::query_scalar(
-            "select distinct queue_name from pgflow.steps where flow_slug = $1 order by 1",
-        )
-        .bind(version)
-        .fetch_all(pool)
+    let answers = Admin::new(pool.clone())
+        .version_retirable(version, queue)
         .await
-        .map_err(|e| explain(e, About::Nothing))?,
-    };
-    // A slug without steps is no compiled version: the function's own error lists the known slugs.
-    let queues = if queues.is_empty() {
-        vec![version.to_lowercase()]
-    } else {
-        queues
-    };
-    let mut answers = Vec::new();
-    for q in &queues {
-        let answer: Value = sqlx::query_scalar("select pgflow.version_retirable($1, $2)")
-            .bind(version)
-            .bind(q)
-            .fetch_one(pool)
-            .await
-            .map_err(|e| explain(e, About::Nothing))?;
-        answers.push(answer);
-    }
-    let all = answers.iter().all(|a| a["retirable"] == json!(true));
+        .map_err(|e| explain_admin(e, About::Nothing))?;
+    let all = answers.iter().all(|a| a.retirable);
     if out.json {
         return out.json(&json!({ "flow_slug": version, "retirable": all, "queues": answers }));
     }
     let mut table = output::table(["QUEUE", "RETIRABLE", "BLOCKERS"]);
     for a in &answers {
-        let blockers: Vec<String> = a["blockers"]
-            .as_array()
-            .map(|b| {
-                b.iter()
-                    .map(|b| {
-                        format!(
-                            "{}: {} ({})",
-                            b["step_slug"].as_str().unwrap_or("?"),
-                            b["reason"].as_str().unwrap_or("?"),
-                            b["count"]
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let blockers: Vec<String> = a.blockers.iter().map(ToString::to_string).collect();
         table.add_row([
-            a["queue_name"].as_str().unwrap_or("?").to_owned(),
-            if a["retirable"] == json!(true) {
-                "yes"
-            } else {
-                "no"
-            }
-            .to_owned(),
+            a.queue_name.clone(),
+            if a.retirable { "yes" } else { "no" }.to_owned(),
             if blockers.is_empty() {
                 "-".to_owned()
             } else {

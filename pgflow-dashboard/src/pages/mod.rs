@@ -336,7 +336,7 @@ pub(crate) fn workers_live(data: &WorkersData) -> Markup {
                                     @if v.retirable() { span.ok { "retirable" } }
                                     @else {
                                         span.note { "not retirable: " }
-                                        @for q in v.queues.iter().filter(|q| !q.retirable) { code { (q.queue_name) ": " (truncate(&q.blockers.to_string(), 160)) } " " }
+                                        @for q in v.queues.iter().filter(|q| !q.retirable) { code { (q.queue_name) ": " (truncate(&q.blockers.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), 160)) } " " }
                                     }
                                 }
                             }

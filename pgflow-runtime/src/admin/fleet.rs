@@ -1,4 +1,4 @@
-//! Queues, workers, worker functions, versions and aliases.
+//! Queues, workers and worker functions.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +9,7 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::{Admin, AdminError};
+use crate::worker::GapReason;
 
 /// A queue pgflow routes tasks to, with its depth.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -77,8 +78,8 @@ pub struct CoverageGap {
     pub flow_slug: String,
     /// The step.
     pub step_slug: String,
-    /// Why the queue must carry it: `active_alias`, `started_run` or `tasks`.
-    pub reason: String,
+    /// Why the queue must carry it.
+    pub reason: GapReason,
     /// How many runs or tasks need it.
     pub count: i64,
     /// Examples (alias names or run ids).
@@ -144,69 +145,6 @@ impl WorkerInfo {
         v.dedup();
         v
     }
-}
-
-/// A compiled flow version (`pgflow.flows`).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-#[non_exhaustive]
-pub struct FlowInfo {
-    /// Its slug.
-    pub flow_slug: String,
-    /// `flow`, `step` or `named`.
-    pub queue_mode: String,
-    /// When it was compiled.
-    pub created_at: DateTime<Utc>,
-    /// Its steps.
-    pub steps: i64,
-    /// The aliases pointing at it.
-    pub aliases: Vec<String>,
-}
-
-/// An alias and the versions behind it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct AliasInfo {
-    /// The alias.
-    pub alias: String,
-    /// The version it points at.
-    pub flow_slug: String,
-    /// The version it pointed at before its last activation.
-    pub previous_flow_slug: Option<String>,
-    /// When it was last activated.
-    pub activated_at: DateTime<Utc>,
-    /// The current version, then the previous one (when it still exists and differs).
-    pub versions: Vec<VersionInfo>,
-}
-
-/// A version behind an alias and whether it can be retired.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct VersionInfo {
-    /// The flow slug.
-    pub flow_slug: String,
-    /// Whether the alias points at it now.
-    pub active: bool,
-    /// Per queue it routes to: `pgflow.version_retirable`.
-    pub queues: Vec<VersionQueue>,
-}
-
-impl VersionInfo {
-    /// Whether its workers can stop serving it on every queue.
-    pub fn retirable(&self) -> bool {
-        self.queues.iter().all(|q| q.retirable)
-    }
-}
-
-/// Whether a version can leave one queue's workers (`pgflow.version_retirable`).
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct VersionQueue {
-    /// The queue.
-    pub queue_name: String,
-    /// Whether nothing of the version needs the queue any more.
-    pub retirable: bool,
-    /// What still needs it: `[{step_slug, reason, count, examples}]`.
-    pub blockers: Value,
 }
 
 /// The queues pgflow routes to: every step's queue and every shared queue.
@@ -457,91 +395,6 @@ impl Admin {
                 live: r.6,
                 enabled: r.7,
                 routes: r.8 .0,
-            })
-            .collect())
-    }
-
-    /// Every compiled flow version, by slug, with its aliases.
-    ///
-    /// # Errors
-    ///
-    /// A database error.
-    pub async fn flows(&self) -> Result<Vec<FlowInfo>, AdminError> {
-        let mut tx = self.read().await?;
-        let rows = sqlx::query_as(
-            "select f.flow_slug, f.queue_mode, f.created_at, \
-             (select count(*) from pgflow.steps s where s.flow_slug = f.flow_slug) as steps, \
-             array(select a.alias from pgflow.flow_aliases a where a.flow_slug = f.flow_slug order by a.alias) \
-               as aliases \
-             from pgflow.flows f order by f.flow_slug",
-        )
-        .persistent(self.persistent())
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(rows)
-    }
-
-    /// Every alias with its current and previous version, and per version and queue whether it is retirable
-    /// (`pgflow.version_retirable`).
-    ///
-    /// # Errors
-    ///
-    /// A database error.
-    pub async fn aliases(&self) -> Result<Vec<AliasInfo>, AdminError> {
-        type AliasRow = (String, String, Option<String>, DateTime<Utc>);
-        type VersionRow = (String, String, bool, String, Value);
-        let mut tx = self.read().await?;
-        let aliases: Vec<AliasRow> = sqlx::query_as(
-            "select a.alias, a.flow_slug, a.previous_flow_slug, a.activated_at from pgflow.flow_aliases a \
-             order by a.alias",
-        )
-        .persistent(self.persistent())
-        .fetch_all(&mut *tx)
-        .await?;
-        let versions: Vec<VersionRow> = sqlx::query_as(
-            "select v.alias, v.flow_slug, v.active, q.queue_name, \
-                    pgflow.version_retirable(v.flow_slug, q.queue_name) \
-             from (select a.alias, a.flow_slug, true as active from pgflow.flow_aliases a \
-                   union all \
-                   select a.alias, a.previous_flow_slug, false from pgflow.flow_aliases a \
-                   where a.previous_flow_slug is distinct from a.flow_slug and a.previous_flow_slug is not null) v \
-             cross join lateral (select distinct s.queue_name from pgflow.steps s \
-                                 where s.flow_slug = v.flow_slug) q \
-             order by v.alias, v.active desc, q.queue_name",
-        )
-        .persistent(self.persistent())
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(aliases
-            .into_iter()
-            .map(|(alias, flow_slug, previous_flow_slug, activated_at)| {
-                let mut out: Vec<VersionInfo> = Vec::new();
-                for (_, slug, active, queue_name, verdict) in
-                    versions.iter().filter(|v| v.0 == alias)
-                {
-                    if out.last().is_none_or(|v| v.flow_slug != *slug) {
-                        out.push(VersionInfo {
-                            flow_slug: slug.clone(),
-                            active: *active,
-                            queues: Vec::new(),
-                        });
-                    }
-                    let version = out.last_mut().expect("pushed above");
-                    version.queues.push(VersionQueue {
-                        queue_name: queue_name.clone(),
-                        retirable: verdict["retirable"].as_bool().unwrap_or(false),
-                        blockers: verdict["blockers"].clone(),
-                    });
-                }
-                AliasInfo {
-                    alias,
-                    flow_slug,
-                    previous_flow_slug,
-                    activated_at,
-                    versions: out,
-                }
             })
             .collect())
     }

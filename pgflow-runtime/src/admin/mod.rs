@@ -11,9 +11,9 @@
 //!   taken on it.
 //! - [`Admin::queues`], [`Admin::queue_rates`], [`Admin::uncovered_routes`], [`Admin::coverage_gaps`]: queue
 //!   depth and age, claims and completions per minute, and work that no live worker can run.
-//! - [`Admin::workers`], [`Admin::worker_functions`], [`Admin::flows`], [`Admin::aliases`]: live workers with
-//!   their heartbeats and routes, fenced (disabled) worker functions, compiled versions, and aliases with
-//!   whether each version behind them is retirable.
+//! - [`Admin::workers`], [`Admin::worker_functions`], [`Admin::flows`], [`Admin::aliases`],
+//!   [`Admin::version_retirable`]: live workers with their heartbeats and routes, fenced (disabled) worker
+//!   functions, compiled versions, and aliases with whether each version behind them is retirable.
 //! - [`Admin::schedules`]: schedules with their next fire and the status of their last run.
 //! - [`Admin::actions`] and [`Admin::record_action`]: the operator record (`pgflow.operator_actions`).
 //!
@@ -39,6 +39,7 @@
 //! ```
 
 mod audit;
+mod deployments;
 mod fleet;
 mod run;
 mod runs;
@@ -49,10 +50,13 @@ use sqlx::{PgPool, Postgres, Transaction};
 use crate::pooling::Pooling;
 
 pub use crate::decode::TaskStatus;
+pub use crate::decode::{QueueMode, StepType};
+pub use crate::worker::GapReason;
 pub use audit::{ActionKind, NewAction, OperatorAction};
+pub use deployments::{AliasInfo, Blocker, FlowInfo, VersionInfo, VersionQueue};
 pub use fleet::{
-    AliasInfo, CoverageGap, FlowInfo, MinuteCounts, QueueInfo, QueueRates, Route, UncoveredRoute,
-    VersionInfo, VersionQueue, WorkerFunction, WorkerInfo,
+    CoverageGap, MinuteCounts, QueueInfo, QueueRates, Route, UncoveredRoute, WorkerFunction,
+    WorkerInfo,
 };
 pub use run::{RetryRecord, RunDetail, RunEvent, RunInfo, StepDetail, TaskDetail};
 pub use runs::{Cursor, Page, RunFilter, RunSummary, StatusCount, COUNT_CAP, MAX_PAGE};

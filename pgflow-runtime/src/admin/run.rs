@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{Admin, AdminError, OperatorAction, TaskStatus};
+use super::{Admin, AdminError, OperatorAction, StepType, TaskStatus};
 use crate::client::{RunStatus, StepStatus};
 
 /// The most tasks of one step a [`RunDetail`] lists: the first ones by task index, plus up to as many failed
@@ -115,8 +115,8 @@ pub struct StepDetail {
     pub step_slug: String,
     /// Its position in the flow definition.
     pub step_index: i32,
-    /// `single` or `map`.
-    pub step_type: String,
+    /// A single step or a map step.
+    pub step_type: StepType,
     /// The steps it depends on (from the flow definition).
     pub deps: Vec<String>,
     /// The queue its tasks go to.
@@ -154,7 +154,7 @@ impl StepDetail {
 
     /// Whether this is a map step.
     pub fn is_map(&self) -> bool {
-        self.step_type == "map"
+        self.step_type == StepType::Map
     }
 }
 

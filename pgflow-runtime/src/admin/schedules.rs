@@ -5,6 +5,7 @@ use uuid::Uuid;
 
 use super::{Admin, AdminError};
 use crate::client::RunStatus;
+use crate::schedules::{Missed, Overlap, MISSED_COLUMN};
 
 /// A schedule (`pgflow.schedules`) with the status of the run its last fire started.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -30,10 +31,11 @@ pub struct ScheduleInfo {
     pub last_run_status: Option<RunStatus>,
     /// Why a worker paused it, if one did.
     pub last_error: Option<String>,
-    /// What happens to fires missed while no worker ticked: `skip` or `catch_up`.
-    pub missed: String,
-    /// What a fire does while the previous run is still going: `allow` or `skip`.
-    pub overlap: String,
+    /// What happens to fires missed while no worker ticked.
+    #[sqlx(json)]
+    pub missed: Missed,
+    /// What a fire does while the previous run is still going.
+    pub overlap: Overlap,
 }
 
 impl Admin {
@@ -44,15 +46,17 @@ impl Admin {
     /// A database error.
     pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, AdminError> {
         let mut tx = self.read().await?;
-        let rows = sqlx::query_as(
+        let sql = format!(
             "select s.schedule_name, s.flow_slug, s.cron, s.time_zone, s.paused, s.next_fire_at, \
-             s.last_fire_at, s.last_run_id, r.status as last_run_status, s.last_error, s.missed, s.overlap \
+             s.last_fire_at, s.last_run_id, r.status as last_run_status, s.last_error, \
+             {MISSED_COLUMN} as missed, s.overlap \
              from pgflow.schedules s left join pgflow.runs r on r.run_id = s.last_run_id \
-             order by s.schedule_name",
-        )
-        .persistent(self.persistent())
-        .fetch_all(&mut *tx)
-        .await?;
+             order by s.schedule_name"
+        );
+        let rows = sqlx::query_as(&sql)
+            .persistent(self.persistent())
+            .fetch_all(&mut *tx)
+            .await?;
         tx.commit().await?;
         Ok(rows)
     }

@@ -11,30 +11,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::context::StepContext;
+use crate::decode::QueueMode;
 use crate::deployments::{Deployment, Routing};
 use crate::error::StepError;
 use crate::flows::{task_input, Flow, FlowStep};
-
-/// The queue mode `ensure_flow_compiled` is given for a deployment's routing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum QueueMode {
-    /// Every step on the flow's single default queue (`lower(flow_slug)`).
-    Flow,
-    /// Every step on its own private queue, as the macro resolved them.
-    Step,
-    /// Every step on a named, shared queue.
-    Named,
-}
-
-impl QueueMode {
-    pub(crate) const fn as_str(self) -> &'static str {
-        match self {
-            QueueMode::Flow => "flow",
-            QueueMode::Step => "step",
-            QueueMode::Named => "named",
-        }
-    }
-}
 
 /// A flow's own default deployment: no alias, every step on the flow's single queue. A plain worker
 /// (`Worker::<F>`) normalizes its flow to this.

@@ -15,9 +15,10 @@ use uuid::Uuid;
 
 use super::answers::{AliasActivated, Compilation as Compiling, CompileAnswer, FunctionState};
 use super::error::{routing_or_database, Context, CoverageGap, GapReason, WorkerError};
-use super::registry::{FlowEntry, QueueMode, Registry};
+use super::registry::{FlowEntry, Registry};
 use super::report::{AliasActivation, CompileStatus, DeploymentStatus};
 use crate::config::{Compilation, WorkerConfig};
+use crate::decode::QueueMode;
 use crate::statements;
 
 /// What startup established.
