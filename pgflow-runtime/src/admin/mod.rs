@@ -7,7 +7,7 @@
 //!   range, an input value at a JSON path), one keyset page at a time ([`Page`], [`Cursor`]);
 //!   [`Admin::run_counts`]: how many runs match per status (bounded by [`COUNT_CAP`]).
 //! - [`Admin::run`]: one run in detail ([`RunDetail`]): its row, its steps with their dependencies and map
-//!   progress, its tasks with their attempts, its retries and replays, its event log, and the operator actions
+//!   progress, its tasks with their attempts (the earlier ones too: [`TaskAttempt`]), its retries and replays, its event log, and the operator actions
 //!   taken on it.
 //! - [`Admin::queues`], [`Admin::queue_rates`], [`Admin::uncovered_routes`], [`Admin::coverage_gaps`]: queue
 //!   depth and age, claims and completions per minute, and work that no live worker can run.
@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attempts;
 mod audit;
 mod fleet;
 mod run;
@@ -49,6 +50,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use crate::pooling::Pooling;
 
 pub use crate::decode::TaskStatus;
+pub use attempts::{Attempt, AttemptEnd, AttemptOutcome, TaskAttempt, ATTEMPTS_PER_TASK};
 pub use audit::{ActionKind, NewAction, OperatorAction};
 pub use fleet::{
     AliasInfo, CoverageGap, FlowInfo, MinuteCounts, QueueInfo, QueueRates, Route, UncoveredRoute,
