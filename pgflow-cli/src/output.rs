@@ -77,7 +77,12 @@ pub(crate) fn age(seconds: Option<f64>) -> String {
 
 /// A JSON value on one line, cut to `max` characters.
 pub(crate) fn short_json(value: &serde_json::Value, max: usize) -> String {
-    let text = value.to_string();
+    short(&value.to_string(), max)
+}
+
+/// Text on one line (line breaks as spaces), cut to `max` characters.
+pub(crate) fn short(text: &str, max: usize) -> String {
+    let text = text.replace(['\n', '\r'], " ");
     if text.chars().count() <= max {
         text
     } else {
@@ -86,22 +91,37 @@ pub(crate) fn short_json(value: &serde_json::Value, max: usize) -> String {
     }
 }
 
-/// Progress on stderr for work done in batches whose total is not known up front (pruning, a bulk cancel):
-/// the items done so far, their rate and the time taken, updated with [`ProgressBar::inc`]. Hidden when
-/// stderr is not a terminal, or with `--json`.
-pub(crate) fn progress(out: Out, what: &str) -> ProgressBar {
+/// A progress bar on stderr for work done in batches towards a `total` counted up front (pruning, a bulk
+/// cancel): the items done so far of the total, their rate and the time left, advanced with
+/// [`ProgressBar::inc`]. Work that appears while it runs grows the total ([`advance`]). Hidden when stderr is
+/// not a terminal, or with `--json`.
+pub(crate) fn progress(out: Out, what: &str, total: u64) -> ProgressBar {
     let bar = if out.json || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new_spinner()
+        ProgressBar::new(total)
     };
     bar.set_style(
-        ProgressStyle::with_template("{spinner} {msg}: {human_pos} ({per_sec}, {elapsed})")
-            .expect("a valid template"),
+        ProgressStyle::with_template(
+            "{msg}: [{wide_bar}] {human_pos}/{human_len} ({per_sec}, {elapsed}, {eta} left)",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
     );
     bar.set_message(what.to_owned());
     bar.enable_steady_tick(Duration::from_millis(100));
     bar
+}
+
+/// Advances `bar` by `n` items, growing its total when more was done than counted up front (work that
+/// appeared while it ran).
+pub(crate) fn advance(bar: &ProgressBar, n: u64) {
+    bar.inc(n);
+    if let Some(len) = bar.length() {
+        if bar.position() > len {
+            bar.set_length(bar.position());
+        }
+    }
 }
 
 /// A spinner on stderr with a message (hidden when stderr is not a terminal, or with `--json`).

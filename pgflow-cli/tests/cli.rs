@@ -731,6 +731,86 @@ async fn read_commands_agree_with_the_database() {
     worker.stop().await.unwrap();
 }
 
+/// A flow whose one step fails on its first two attempts, naming the attempt, and then succeeds.
+#[flow(slug = "flakyCliFlow", input = u32, max_attempts = 3, base_delay = 0)]
+mod flaky_cli_flow {
+    use super::*;
+    use pgflow_runtime::StepContext;
+
+    /// `n`, at the third attempt.
+    #[step]
+    async fn flaky(n: u32, ctx: &StepContext<FlakyCliFlow>) -> Result<u32, StepError> {
+        if ctx.attempt() < 3 {
+            return Err(StepError::msg(format!("attempt {} failed", ctx.attempt())));
+        }
+        Ok(n)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_shows_every_attempt_of_a_task_that_failed_twice_then_succeeded() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let url = db.url();
+    let worker = Worker::<flaky_cli_flow::FlakyCliFlow>::builder(pool.clone())
+        .poll_interval(Duration::from_millis(10))
+        .max_poll_wait(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .spawn(CancellationToken::new())
+        .await
+        .unwrap();
+    let run = start(pool, "flakyCliFlow", json!(5)).await;
+    assert_eq!(wait_finished(pool, run).await, "completed");
+
+    let detail = json_of(url, &["run", &run.to_string()]).await;
+    let history = detail["tasks"][0]["attempt_history"]
+        .as_array()
+        .unwrap_or_else(|| panic!("attempt_history in {detail}"));
+    let seen: Vec<(Value, Value, Value, Value, Value)> = history
+        .iter()
+        .map(|a| {
+            (
+                a["attempt"].clone(),
+                a["outcome"].clone(),
+                a["current"].clone(),
+                a["worker_id"].clone(),
+                a["error_message"].clone(),
+            )
+        })
+        .collect();
+    let id = json!(worker.id());
+    assert_eq!(
+        seen,
+        [
+            (
+                json!(1),
+                json!("failed"),
+                json!(false),
+                id.clone(),
+                json!("attempt 1 failed")
+            ),
+            (
+                json!(2),
+                json!("failed"),
+                json!(false),
+                id.clone(),
+                json!("attempt 2 failed")
+            ),
+            (json!(3), json!("completed"), json!(true), id, Value::Null),
+        ],
+        "{detail}"
+    );
+    let text = ok(url, &["run", &run.to_string()]).await;
+    assert!(
+        text.contains("attempts of the tasks that ran more than once")
+            && text.contains("attempt 1 failed")
+            && text.contains("attempt 2 failed"),
+        "{text}"
+    );
+    worker.stop().await.unwrap();
+}
+
 /// `GET path` over HTTP/1.1 on 127.0.0.1:`port`; the whole response (status line, headers, body) as text.
 async fn http_get(port: u16, path: &str) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

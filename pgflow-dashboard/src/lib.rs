@@ -7,8 +7,8 @@
 //! - **Runs** (`/runs`): filters by flow or alias, version, status, start-time range and an input value at a
 //!   JSON path; counts per status; keyset pages.
 //! - **Run** (`/runs/{id}`): the DAG as SVG coloured by step state with map progress k/N, each task's
-//!   attempt on a timeline (queued, started, finished, worker), input, output and errors; cancel, retry and
-//!   replay.
+//!   attempts on a timeline (queued, started, finished, worker and error of each; earlier attempts hatched),
+//!   input, output and errors; cancel, retry and replay.
 //! - **Queues** (`/queues`): depth, oldest message, claims and completions per minute, routes with work and
 //!   no worker, disabled worker functions.
 //! - **Workers** (`/workers`): live workers and heartbeats, the queues and versions each serves, aliases with

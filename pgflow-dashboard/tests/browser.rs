@@ -406,6 +406,38 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         text.contains("3/3").then_some(())
     })
     .await;
+    // The retried task shows both its attempts: the failed one (hatched, with its error) and the one that
+    // completed.
+    eventually(
+        "both attempts of the retried task on the timeline",
+        || async { (count(&b, "tr[data-task='prepare[0]'] .bar.run").await == 2).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        count(
+            &b,
+            "tr[data-task='prepare[0]'] .bar.run.earlier[data-outcome=run_retried]"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            &b,
+            "tr[data-task='prepare[0]'] .bar.run.current.st-completed"
+        )
+        .await,
+        1
+    );
+    let earlier = el(&b, "tr[data-task='prepare[0]'] li.earlier-attempt")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        earlier.contains("run_retried") && earlier.contains("prepare refused bad"),
+        "{earlier}"
+    );
     screenshot(&b, "run-retried.png").await;
 
     // Both actions are in the operator record, by alice.

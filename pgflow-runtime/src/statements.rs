@@ -120,10 +120,11 @@ pub(crate) const START_FLOWS_WITH_KEYS_TRACED: &str = "select s.run_id \
 pub(crate) const CANCEL_RUN: &str =
     "select status, changed, cancel_reason, cancelled_at from pgflow.cancel_run(run_id => $1, reason => $2)";
 
-/// Cancels one batch of started runs by filter.
+/// Cancels one batch of started runs by filter (`$7` false), or counts the runs it would cancel (`$7` true).
 pub(crate) const CANCEL_RUNS: &str =
     "select pgflow.cancel_runs(flow_slug => $1, status => 'started', \
-     started_before => $2, input_path => $3, input_value => $4, reason => $5, max_runs => $6)";
+     started_before => $2, input_path => $3, input_value => $4, reason => $5, max_runs => $6, \
+     dry_run => $7)";
 
 /// Retries a failed or cancelled run in place.
 pub(crate) const RETRY_RUN: &str = "select status from pgflow.retry_run(run_id => $1)";

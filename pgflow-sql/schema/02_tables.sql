@@ -296,6 +296,36 @@ create unique index step_tasks_queue_name_message_id_key on pgflow.step_tasks (q
 -- tasks through started step states (idx_step_states_started) instead.
 create index idx_step_tasks_last_worker on pgflow.step_tasks (last_worker_id);
 
+-- The earlier attempts of tasks: one row per attempt that ended without being its task's last state, written
+-- where the task row is about to be reset for another attempt (pgflow._record_attempts): a failure that is
+-- retried, a requeue by recovery (a stall, a dead worker), a release at a worker's shutdown, a reset by
+-- retry_run. A task's current or last attempt is its step_tasks row; claims and completions never write here.
+-- Deleted with their run (prune_history, delete_flow_and_data). No foreign key to step_tasks: its checks
+-- would run on every update of a task (the hot path) and on every task pruning deletes.
+create table pgflow.task_attempts (
+  attempt_id bigint generated always as identity primary key,
+  run_id uuid not null,
+  step_slug text not null,
+  task_index int not null,
+  -- The attempt's number (step_tasks.attempts_count then). An attempt given back at a worker's shutdown is
+  -- numbered again by the next claim; attempt_id orders the attempts of a task.
+  attempt int not null,
+  -- When the attempt became queued, started, and ended (its failure, its requeue, the run's retry).
+  queued_at timestamptz not null,
+  started_at timestamptz,
+  ended_at timestamptz not null,
+  worker_id uuid,
+  -- 'failed': the handler failed and the task was retried; 'stalled': no result within the timeout, requeued
+  -- by recovery (or by resolve_stalled_task); 'worker_lost': its worker stopped heartbeating, requeued by
+  -- recovery; 'released': its worker handed it back at shutdown; 'run_retried': the attempt of the run's
+  -- earlier try (failed or cancelled) that retry_run started again.
+  outcome text not null,
+  error_message text,
+  constraint valid_outcome check (outcome in ('failed', 'stalled', 'worker_lost', 'released', 'run_retried'))
+);
+
+create index idx_task_attempts_task on pgflow.task_attempts (run_id, step_slug, task_index);
+
 ------------------------------------------------------------------------------------------------------------
 -- Run control
 ------------------------------------------------------------------------------------------------------------

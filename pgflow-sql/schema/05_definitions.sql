@@ -640,6 +640,8 @@ begin
     end if;
   end loop;
 
+  delete from pgflow.task_attempts a using pgflow.runs r
+    where r.flow_slug = p_flow_slug and a.run_id = r.run_id;
   delete from pgflow.step_tasks t using pgflow.runs r
     where r.flow_slug = p_flow_slug and t.run_id = r.run_id;
   delete from pgflow.step_states ss using pgflow.runs r

@@ -15,6 +15,9 @@
 --      (pgflow._lock_messages) before it touches the task;
 --   4. `pgflow.step_tasks` rows, in (queue_name, message_id) order;
 --   5. then `pgflow.step_states` and the run's counters (under the run row of 2);
+--   5b. `pgflow.task_attempts`, the attempt history: rows are only inserted, by a path that holds the task row
+--      it resets for another attempt (pgflow._record_attempts), and deleted with their run by prune_history and
+--      delete_flow_and_data; nobody locks or updates them, so they add no wait to the order;
 --   6. flow control's limit rows (`pgflow.queue_limits`, then `pgflow.key_limits` in (flow, step) order, FOR
 --      UPDATE): only a claim on a limited queue takes them, last; the slot trigger of a task leaving
 --      'started' takes parked messages with SKIP LOCKED only.
@@ -55,11 +58,16 @@
 --   queue_stats                            none (counts each queue's messages without locking)
 --   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
 --                                          _fail_task; others: messages skip, tasks skip
---   prune_history                          finished runs skip; their messages (deleted, waits), tasks, step
---                                          states, watcher rows, runs; archived messages; worker rows skip
+--   prune_history                          finished runs skip; their messages (deleted, waits), attempt
+--                                          history, tasks, step states, watcher rows, runs; archived messages;
+--                                          worker rows skip. dry_run: none (counts only)
+--   _record_attempts                       none of its own: inserts history rows for tasks its caller holds
+--                                          (_fail_task's retry, stall and dead-worker requeues, release,
+--                                          resolve_stalled_task's retry, retry_run)
 --   worker_heartbeat                       its worker row
 --   cancel_run, cancel_runs (_cancel_run)  runs (cancel_runs: a batch in run-id order, skip); then per run its
---                                          live tasks' messages, then the tasks (_terminate_tasks)
+--                                          live tasks' messages, then the tasks (_terminate_tasks).
+--                                          cancel_runs with dry_run: none (counts only)
 --   retry_run                              run; its tasks to run again FOR UPDATE in message order (their
 --                                          messages are archived), new messages sent; step states; run counters
 --   replay_run                             the original's run (no key update); the new run's rows are its own

@@ -239,6 +239,8 @@ begin
     v_delay := case when p_retry_delay is null
                     then pgflow.calculate_retry_delay(v_base_delay, task.attempts_count - task.attempts_base)
                     else least(greatest(p_retry_delay, 0), pgflow._max_retry_delay_seconds()) end;
+    perform pgflow._record_attempts('failed', array[p_run_id], array[p_step_slug], array[p_task_index],
+                                    p_error_message);
     update pgflow.step_tasks t
     set status = 'queued', started_at = null, error_message = p_error_message, permanently_stalled_at = null
     where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index

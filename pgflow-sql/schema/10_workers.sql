@@ -217,6 +217,9 @@ declare
   v_group record;
   v_locked bigint[];
   v_count int := 0;
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes int[];
 begin
   for v_group in
     select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
@@ -227,21 +230,25 @@ begin
     order by c.queue_name
   loop
     v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids);
-    with mine as (
+    select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
+           coalesce(array_agg(x.task_index), '{}')
+    into v_run_ids, v_step_slugs, v_task_indexes
+    from (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
       where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
         and t.status = 'started' and t.last_worker_id = release_worker_tasks.worker_id
       order by t.message_id
       for update
-    ),
-    released as (
+    ) x;
+    perform pgflow._record_attempts('released', v_run_ids, v_step_slugs, v_task_indexes);
+    with released as (
       update pgflow.step_tasks t
       set status = 'queued',
           started_at = null,
           last_worker_id = null,
           attempts_count = greatest(t.attempts_count - 1, 0)
-      from mine m
+      from unnest(v_run_ids, v_step_slugs, v_task_indexes) as m(run_id, step_slug, task_index)
       where t.run_id = m.run_id and t.step_slug = m.step_slug and t.task_index = m.task_index
       returning t.message_id
     )

@@ -1,8 +1,9 @@
 -- Maintenance: recovery of stalled tasks and dead workers' tasks, and retention.
 --
 -- Owns: requeueing tasks whose worker stopped answering (stall timeout or dead heartbeat), marking tasks that
--- stalled too often as permanently stalled, pruning finished history, and run_maintenance, which workers call
--- one at a time under the maintenance lock (try-only, never waited for).
+-- stalled too often as permanently stalled, recording the attempts that end without being their task's last
+-- state (_record_attempts, into pgflow.task_attempts), pruning finished history, and run_maintenance, which
+-- workers call one at a time under the maintenance lock (try-only, never waited for).
 
 -- Key of the advisory lock that lets one caller at a time run recovery and retention ("pgflow-rq").
 create function pgflow._maintenance_lock_key()
@@ -10,6 +11,41 @@ returns bigint
 language sql
 immutable parallel safe
 as $$ select 8099555070761726577::bigint $$;
+
+-- Records the attempts that end now without being their tasks' last state (pgflow.task_attempts), just before
+-- the caller resets the task rows for another attempt, while the rows still carry the attempt: one row per
+-- named task whose row has a started attempt (started_at set; a task that never started, or whose attempt was
+-- recorded already, is skipped). p_outcome is one of the table's outcomes; p_error the failure's error
+-- ('failed'), while 'run_retried' keeps the error of a failed task's row. The attempt ended now, or at a
+-- failed task's failed_at, or at p_ended_at (retry_run: when the run was cancelled or failed). The attempt was
+-- queued at the latest of the task's queued_at, its last requeue and the end of its previous recorded attempt.
+-- The caller holds the task rows.
+create function pgflow._record_attempts(
+  p_outcome text,
+  p_run_ids uuid[],
+  p_step_slugs text[],
+  p_task_indexes int[],
+  p_error text default null,
+  p_ended_at timestamptz default null
+)
+returns void
+language sql
+volatile
+set search_path = ''
+as $$
+  insert into pgflow.task_attempts (run_id, step_slug, task_index, attempt, queued_at, started_at, ended_at,
+                                    worker_id, outcome, error_message)
+  select t.run_id, t.step_slug, t.task_index, t.attempts_count,
+         greatest(t.queued_at, t.last_requeued_at,
+                  (select max(a.ended_at) from pgflow.task_attempts a
+                   where a.run_id = t.run_id and a.step_slug = t.step_slug and a.task_index = t.task_index)),
+         t.started_at, coalesce(t.failed_at, p_ended_at, now()), t.last_worker_id, p_outcome,
+         case when p_outcome <> 'run_retried' then p_error when t.status = 'failed' then t.error_message end
+  from unnest(p_run_ids, p_step_slugs, p_task_indexes) as i(run_id, step_slug, task_index)
+  join pgflow.step_tasks t on t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
+  where t.started_at is not null
+  order by t.run_id, t.step_slug, t.task_index
+$$;
 
 -- The started tasks, found through started step states (idx_step_states_started), so the cost follows the
 -- work in flight, never the task history. With the effective timeout and max_attempts of each task's step
@@ -80,6 +116,8 @@ begin
     return;
   end if;
 
+  perform pgflow._record_attempts('stalled', array[v_task.run_id], array[v_task.step_slug],
+                                  array[v_task.task_index]);
   select pgmq.send(v_task.queue_name, jsonb_build_object(
     'flow_slug', v_task.flow_slug,
     'run_id', v_task.run_id,
@@ -109,6 +147,9 @@ declare
   v_result record;
   v_gone bigint[];
   v_task record;
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes int[];
 begin
   for v_group in
     select c.queue_name, array_agg(c.message_id order by c.message_id) as ids
@@ -119,15 +160,24 @@ begin
     order by c.queue_name
   loop
     v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids, true);
-    with stalled as (
+    select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
+           coalesce(array_agg(x.task_index), '{}')
+    into v_run_ids, v_step_slugs, v_task_indexes
+    from (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
       where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
         and t.status = 'started' and t.permanently_stalled_at is null
       order by t.message_id
       for update skip locked
-    ),
-    changed as (
+    ) x;
+    -- The attempts of the tasks requeued below end here (those marked permanently stalled stay started).
+    perform pgflow._record_attempts('stalled', array_agg(t.run_id), array_agg(t.step_slug),
+                                    array_agg(t.task_index))
+    from unnest(v_run_ids, v_step_slugs, v_task_indexes) as x(run_id, step_slug, task_index)
+    join pgflow.step_tasks t on t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
+    where t.requeued_count < 3;
+    with changed as (
       update pgflow.step_tasks t
       set status = case when t.requeued_count < 3 then 'queued' else t.status end,
           started_at = case when t.requeued_count < 3 then null else t.started_at end,
@@ -135,7 +185,7 @@ begin
           requeued_count = case when t.requeued_count < 3 then t.requeued_count + 1 else t.requeued_count end,
           last_requeued_at = case when t.requeued_count < 3 then now() else t.last_requeued_at end,
           permanently_stalled_at = case when t.requeued_count < 3 then null else now() end
-      from stalled x
+      from unnest(v_run_ids, v_step_slugs, v_task_indexes) as x(run_id, step_slug, task_index)
       where t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
       returning t.message_id, t.status
     )
@@ -170,6 +220,8 @@ begin
         for update skip locked
       loop
         if v_task.requeued_count < 3 then
+          perform pgflow._record_attempts('stalled', array[v_task.run_id], array[v_task.step_slug],
+                                          array[v_task.task_index]);
           update pgflow.step_tasks t
           set status = 'queued', started_at = null, last_worker_id = null,
               requeued_count = t.requeued_count + 1, last_requeued_at = now(),
@@ -207,6 +259,9 @@ declare
   v_locked bigint[];
   v_count int := 0;
   v_n int;
+  v_run_ids uuid[];
+  v_step_slugs text[];
+  v_task_indexes int[];
 begin
   if dead_after is null or dead_after <= interval '0' then
     raise exception 'requeue_dead_worker_tasks(): dead_after must be a positive interval, got %', dead_after
@@ -261,19 +316,23 @@ begin
     order by c.queue_name
   loop
     v_locked := pgflow._lock_messages(v_group.queue_name, v_group.ids, true);
-    with orphaned as (
+    select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
+           coalesce(array_agg(x.task_index), '{}')
+    into v_run_ids, v_step_slugs, v_task_indexes
+    from (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
       where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
         and t.status = 'started' and t.last_worker_id = any (v_dead)
       order by t.message_id
       for update skip locked
-    ),
-    requeued as (
+    ) x;
+    perform pgflow._record_attempts('worker_lost', v_run_ids, v_step_slugs, v_task_indexes);
+    with requeued as (
       update pgflow.step_tasks t
       set status = 'queued', started_at = null, last_worker_id = null,
           requeued_count = t.requeued_count + 1, last_requeued_at = now()
-      from orphaned o
+      from unnest(v_run_ids, v_step_slugs, v_task_indexes) as o(run_id, step_slug, task_index)
       where t.run_id = o.run_id and t.step_slug = o.step_slug and t.task_index = o.task_index
       returning t.message_id
     )
@@ -308,7 +367,16 @@ begin
 end;
 $$;
 
-create function pgflow.prune_history(older_than interval, max_runs int default 1000)
+-- Deletes one batch of finished history older than `older_than`: up to `max_runs` finished runs (oldest
+-- first; runs another transaction holds are skipped) with their tasks, attempt history, step states, watcher
+-- rows and messages, then up to ten times as many archived messages, expired idempotency keys and events,
+-- and up to `max_runs` worker rows that stopped before the cutoff. Returns the counts
+-- {"runs", "archived_messages", "workers", "events"}: call it again while a count equals its bound.
+--
+-- With dry_run it changes and locks nothing and returns {"runs": n, "dry_run": true}: n is every finished run
+-- older than the cutoff now, what calls until done would delete (max_runs bounds a real call only). The same
+-- selection serves both.
+create function pgflow.prune_history(older_than interval, max_runs int default 1000, dry_run boolean default false)
 returns jsonb
 language plpgsql
 volatile
@@ -316,6 +384,8 @@ set search_path = ''
 as $$
 declare
   v_cutoff timestamptz := now() - older_than;
+  v_runs constant text := 'select r.run_id from pgflow.runs r
+    where r.status <> ''started'' and coalesce(r.completed_at, r.failed_at, r.cancelled_at) < $1';
   v_run_ids uuid[];
   v_group record;
   v_queue text;
@@ -323,21 +393,21 @@ declare
   v_archived bigint := 0;
   v_workers int;
 begin
-  if older_than is null or older_than < interval '0' or coalesce(max_runs, 0) < 1 then
-    raise exception 'prune_history(): older_than must be a non-negative interval and max_runs at least 1 (got %, %)',
-      older_than, max_runs
+  if older_than is null or older_than < interval '0' or coalesce(max_runs, 0) < 1 or dry_run is null then
+    raise exception 'prune_history(): older_than must be a non-negative interval, max_runs at least 1 and dry_run true or false (got %, %, %)',
+      older_than, max_runs, dry_run
       using errcode = 'invalid_parameter_value';
   end if;
 
-  select array_agg(x.run_id) into v_run_ids
-  from (
-    select r.run_id
-    from pgflow.runs r
-    where r.status <> 'started' and coalesce(r.completed_at, r.failed_at, r.cancelled_at) < v_cutoff
-    order by coalesce(r.completed_at, r.failed_at, r.cancelled_at)
-    limit max_runs
-    for update skip locked
-  ) x;
+  if dry_run then
+    execute 'select count(*) from (' || v_runs || ') x' into v_n using v_cutoff;
+    return jsonb_build_object('runs', v_n, 'dry_run', true);
+  end if;
+
+  execute 'select array_agg(x.run_id) from (' || v_runs
+          || ' order by coalesce(r.completed_at, r.failed_at, r.cancelled_at) limit $2 for update skip locked) x'
+  into v_run_ids
+  using v_cutoff, max_runs;
   v_run_ids := coalesce(v_run_ids, '{}');
 
   for v_group in
@@ -355,6 +425,7 @@ begin
   end loop;
 
   delete from pgflow.run_watchers w where w.run_id = any (v_run_ids);
+  delete from pgflow.task_attempts a where a.run_id = any (v_run_ids);
   delete from pgflow.step_tasks t where t.run_id = any (v_run_ids);
   delete from pgflow.step_states ss where ss.run_id = any (v_run_ids);
   delete from pgflow.runs r where r.run_id = any (v_run_ids);

@@ -69,7 +69,7 @@ as $$
     'pgflow.unwatch_run(uuid)',
     'pgflow.start_flows_with_keys(text,jsonb[],text[],uuid[],interval)',
     'pgflow.cancel_run(uuid,text)',
-    'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer)',
+    'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer,boolean)',
     'pgflow.retry_run(uuid,text)',
     'pgflow.replay_run(uuid,text)',
     'pgflow.queue_stats()'

@@ -95,6 +95,9 @@ $$;
 -- Runs another transaction holds are skipped (the next batch finds them). Returns how many runs this call
 -- cancelled: call it again until it returns 0 to cancel every match. Run rows are locked first, in run-id
 -- order (lock order 2), then each run is cancelled as by cancel_run.
+--
+-- With dry_run it changes and locks nothing and returns how many started runs match now: what calls until
+-- done would cancel (max_runs bounds a real call only). The same selection serves both.
 create function pgflow.cancel_runs(
   flow_slug text default NULL::text,
   status text default 'started'::text,
@@ -102,7 +105,8 @@ create function pgflow.cancel_runs(
   input_path text[] default NULL::text[],
   input_value jsonb default NULL::jsonb,
   reason text default NULL::text,
-  max_runs integer default 1000
+  max_runs integer default 1000,
+  dry_run boolean default false
 )
 returns integer
 language plpgsql
@@ -114,7 +118,16 @@ declare
   v_ids uuid[];
   v_id uuid;
   v_count int := 0;
+  v_select constant text := 'select r.run_id from pgflow.runs r
+    where r.status = ''started''
+      and ($1 is null or r.flow_slug = $2 or lower(r.flow_slug) = lower($1))
+      and ($3 is null or r.started_at < $3)
+      and ($4 is null or r.input #> $4 = $5)';
 begin
+  if cancel_runs.dry_run is null then
+    raise exception 'cancel_runs(): dry_run must be true or false, not NULL'
+      using errcode = 'invalid_parameter_value';
+  end if;
   if cancel_runs.status is not null and cancel_runs.status <> 'started' then
     raise exception 'cancel_runs(): only started runs can be cancelled (status filter %)', cancel_runs.status
       using errcode = 'invalid_parameter_value',
@@ -135,19 +148,19 @@ begin
                         where lower(a.alias) = lower(cancel_runs.flow_slug)), cancel_runs.flow_slug);
   end if;
 
-  select array_agg(x.run_id order by x.run_id) into v_ids
-  from (
-    select r.run_id
-    from pgflow.runs r
-    where r.status = 'started'
-      and (cancel_runs.flow_slug is null
-           or r.flow_slug = v_slug or lower(r.flow_slug) = lower(cancel_runs.flow_slug))
-      and (cancel_runs.started_before is null or r.started_at < cancel_runs.started_before)
-      and (cancel_runs.input_path is null or r.input #> cancel_runs.input_path = cancel_runs.input_value)
-    order by r.run_id
-    limit cancel_runs.max_runs
-    for no key update skip locked
-  ) x;
+  if cancel_runs.dry_run then
+    execute 'select count(*) from (' || v_select || ') x'
+    into v_count
+    using cancel_runs.flow_slug, v_slug, cancel_runs.started_before, cancel_runs.input_path,
+          cancel_runs.input_value;
+    return v_count;
+  end if;
+
+  execute 'select array_agg(x.run_id order by x.run_id) from (' || v_select
+          || ' order by r.run_id limit $6 for no key update skip locked) x'
+  into v_ids
+  using cancel_runs.flow_slug, v_slug, cancel_runs.started_before, cancel_runs.input_path,
+        cancel_runs.input_value, cancel_runs.max_runs;
 
   foreach v_id in array coalesce(v_ids, '{}') loop
     if pgflow._cancel_run(v_id, cancel_runs.reason) then
@@ -291,20 +304,26 @@ begin
   where r.run_id = retry_run.run_id;
 
   -- Lock order 4: the tasks to run again (their messages were archived when they ended), in message order.
-  -- Fresh attempts from the attempts used so far; a new message each, below.
-  with again as (
+  -- Their last attempts go to the attempt history first (pgflow.task_attempts). Fresh attempts from the
+  -- attempts used so far; a new message each, below.
+  select coalesce(array_agg(a.step_slug), '{}'), coalesce(array_agg(a.task_index), '{}')
+  into v_task_steps, v_task_indexes
+  from (
     select t.step_slug, t.task_index
     from pgflow.step_tasks t
     where t.run_id = retry_run.run_id and t.step_slug = any (v_steps) and t.status <> 'completed'
     order by t.queue_name, t.message_id
     for update
-  ),
-  reset as (
+  ) a;
+  perform pgflow._record_attempts('run_retried', array_fill(retry_run.run_id, array[cardinality(v_task_steps)]),
+                                  v_task_steps, v_task_indexes, null,
+                                  coalesce(v_run.cancelled_at, v_run.failed_at));
+  with reset as (
     update pgflow.step_tasks t
     set status = 'queued', attempts_base = t.attempts_count, error_message = null, output = null,
         started_at = null, failed_at = null, queued_at = greatest(now(), t.queued_at), permanently_stalled_at = null,
         requeued_count = 0, last_requeued_at = null
-    from again a
+    from unnest(v_task_steps, v_task_indexes) as a(step_slug, task_index)
     where t.run_id = retry_run.run_id and t.step_slug = a.step_slug and t.task_index = a.task_index
     returning t.step_slug, t.task_index
   )

@@ -83,11 +83,16 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
     } else {
         format!("the started runs {}", described.join(", "))
     };
-    if !args.yes && !output::confirm(&format!("cancel {what}?"))? {
+    // The total first: the same selection, counted (`dry_run`), changing nothing.
+    let total = client
+        .count_runs_to_cancel(&filter)
+        .await
+        .map_err(|e| explain_client(e, About::Nothing))?;
+    if !args.yes && !output::confirm(&format!("cancel {what} ({total} now)?"))? {
         bail!("not cancelled: the answer was not yes");
     }
 
-    let bar = output::progress(out, "runs cancelled");
+    let bar = output::progress(out, "runs cancelled", total);
     let mut cancelled = 0u64;
     loop {
         let n = client
@@ -104,7 +109,7 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
             }
         };
         cancelled += n;
-        bar.inc(n);
+        output::advance(&bar, n);
         if n < u64::from(CANCEL_BATCH) {
             break;
         }

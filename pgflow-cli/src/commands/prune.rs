@@ -1,4 +1,5 @@
-//! `prune --older-than`: `pgflow.prune_history` batch after batch, with a progress bar of the runs deleted.
+//! `prune --older-than`: `pgflow.prune_history` batch after batch, with a progress bar of the runs deleted
+//! towards the count its dry run gives first.
 
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -12,7 +13,15 @@ use crate::output::{self, Out};
 pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::Result<()> {
     let batch = i32::try_from(args.batch).unwrap_or(i32::MAX);
     let archived_bound = i64::from(batch) * 10;
-    let bar = output::progress(out, "finished runs deleted");
+    // The total first: the same selection, counted (`dry_run`), changing nothing.
+    let total: Value = sqlx::query_scalar("select pgflow.prune_history($1, $2, dry_run => true)")
+        .bind(args.older_than)
+        .bind(batch)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| explain(e, About::Nothing))?;
+    let total = total["runs"].as_u64().unwrap_or(0);
+    let bar = output::progress(out, "finished runs deleted", total);
     let (mut runs, mut archived, mut workers, mut events) = (0i64, 0i64, 0i64, 0i64);
     loop {
         let result: Value = match sqlx::query_scalar("select pgflow.prune_history($1, $2)")
@@ -41,7 +50,7 @@ pub(crate) async fn prune(pool: &PgPool, out: Out, args: &PruneArgs) -> anyhow::
         workers += w;
         events += e;
         let r = u64::try_from(r).unwrap_or(0);
-        bar.inc(r);
+        output::advance(&bar, r);
         // Archived messages and events are bounded at ten times the batch per call.
         if r < u64::from(args.batch)
             && a < archived_bound

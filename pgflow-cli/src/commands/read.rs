@@ -3,7 +3,8 @@
 
 use anyhow::anyhow;
 use pgflow_runtime::admin::{
-    Admin, CoverageGap, QueueInfo, RunDetail, RunFilter, UncoveredRoute, WorkerFunction,
+    Admin, Attempt, CoverageGap, QueueInfo, RunDetail, RunFilter, TaskStatus, UncoveredRoute,
+    WorkerFunction,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -223,6 +224,22 @@ fn step_label(step: &pgflow_runtime::admin::StepDetail) -> String {
     }
 }
 
+/// One attempt of a task in JSON: `outcome` is how an earlier attempt ended, or the task's status for its
+/// current or last attempt (`current` true).
+fn attempt_json(a: &Attempt<'_>) -> Value {
+    json!({
+        "attempt": a.number,
+        "queued_at": a.queued_at,
+        "started_at": a.started_at,
+        "ended_at": a.ended_at,
+        "worker_id": a.worker_id,
+        "worker_function": a.worker_function,
+        "outcome": a.end.as_str(),
+        "current": a.end.is_current(),
+        "error_message": a.error_message,
+    })
+}
+
 /// The JSON form of a run in detail.
 fn detail_json(d: &RunDetail) -> Value {
     let r = &d.run;
@@ -271,6 +288,7 @@ fn detail_json(d: &RunDetail) -> Value {
             "error_message": t.error_message,
             "output": t.output,
             "requeued_count": t.requeued_count,
+            "attempt_history": d.attempt_list(t).iter().map(attempt_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "retries": d.retries.iter().map(|x| json!({
             "retry_number": x.retry_number,
@@ -384,11 +402,14 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         "OUTPUT / ERROR",
     ]);
     for t in &detail.tasks {
-        let result = t
-            .error_message
-            .clone()
-            .or_else(|| t.output.as_ref().map(|o| output::short_json(o, 50)))
-            .unwrap_or_else(|| "-".to_owned());
+        // A completed task keeps the error of an earlier attempt: its output is what it ended with.
+        let output = t.output.as_ref().map(|o| output::short_json(o, 50));
+        let result = if t.status == TaskStatus::Completed {
+            output.or_else(|| t.error_message.clone())
+        } else {
+            t.error_message.clone().or(output)
+        }
+        .unwrap_or_else(|| "-".to_owned());
         table.add_row([
             t.step_slug.clone(),
             t.task_index.to_string(),
@@ -399,6 +420,7 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         ]);
     }
     output::print_table(&table, "no tasks yet")?;
+    print_attempts(&detail)?;
     for s in &detail.steps {
         let shown = detail.tasks_of(&s.step_slug).count();
         if let Some(total) = s
@@ -443,6 +465,45 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         )),
         _ => Ok(()),
     }
+}
+
+/// The attempts of the tasks that had more than one, oldest first, with their worker and how each ended.
+fn print_attempts(detail: &RunDetail) -> anyhow::Result<()> {
+    let mut table = output::table([
+        "STEP", "TASK", "ATTEMPT", "OUTCOME", "STARTED", "ENDED", "WORKER", "ERROR",
+    ]);
+    let mut any = false;
+    for t in &detail.tasks {
+        let attempts = detail.attempt_list(t);
+        if attempts.len() < 2 {
+            continue;
+        }
+        any = true;
+        for a in &attempts {
+            let worker = match (a.worker_function, a.worker_id) {
+                (Some(f), Some(id)) => format!("{f} {}", &id.to_string()[..8]),
+                (None, Some(id)) => id.to_string()[..8].to_owned(),
+                _ => "-".to_owned(),
+            };
+            table.add_row([
+                t.step_slug.clone(),
+                t.task_index.to_string(),
+                a.number.to_string(),
+                a.end.as_str().to_owned(),
+                output::time(a.started_at),
+                output::time(a.ended_at),
+                worker,
+                a.error_message
+                    .map_or_else(|| "-".to_owned(), |e| output::short(e, 60)),
+            ]);
+        }
+    }
+    if any {
+        output::line("")?;
+        output::line("attempts of the tasks that ran more than once:")?;
+        output::print_table(&table, "")?;
+    }
+    Ok(())
 }
 
 /// `aliases`: every alias, the version it points at and the previous one, and whether each is retirable.

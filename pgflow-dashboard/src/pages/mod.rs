@@ -5,9 +5,9 @@ use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 use pgflow_runtime::admin::{
-    ActionKind, AliasInfo, CoverageGap, FlowInfo, OperatorAction, Page, QueueInfo, QueueRates,
-    RunDetail, RunSummary, ScheduleInfo, StatusCount, TaskDetail, UncoveredRoute, WorkerFunction,
-    WorkerInfo,
+    ActionKind, AliasInfo, Attempt, AttemptEnd, CoverageGap, FlowInfo, OperatorAction, Page,
+    QueueInfo, QueueRates, RunDetail, RunSummary, ScheduleInfo, StatusCount, UncoveredRoute,
+    WorkerFunction, WorkerInfo,
 };
 use pgflow_runtime::client::RunStatus;
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! The run page: the DAG, the steps, each task's attempts on a timeline, payloads, the operator record and the
+//! The run page: the DAG, the steps, every attempt of each task on a timeline, payloads, the operator record and the
 //! write actions; and the confirmation page of a run action.
 
 use super::*;
@@ -130,15 +130,21 @@ fn actions_table(actions: &[OperatorAction]) -> Markup {
     }
 }
 
-/// Each task's latest attempt on a common time axis: waiting (queued → started) and running (started →
-/// finished), with its worker, attempts and error.
+/// Every attempt of each task on a common time axis: waiting (queued → started) and running (started →
+/// ended), the earlier attempts hatched and faded before the current one, each with its worker and error.
 fn timeline(d: &RunDetail) -> Markup {
     let start = d.run.started_at;
-    let end_of = |t: &TaskDetail| t.completed_at.or(t.failed_at);
+    let now = Utc::now();
     let end = d
         .tasks
         .iter()
-        .filter_map(|t| end_of(t).or(t.started_at).max(Some(t.queued_at)))
+        .filter_map(|t| {
+            t.completed_at
+                .or(t.failed_at)
+                .or(t.started_at)
+                .max(Some(t.attempt_queued_at))
+        })
+        .chain(d.attempts.iter().map(|a| a.ended_at))
         .chain(
             [d.run.completed_at, d.run.failed_at, d.run.cancelled_at]
                 .into_iter()
@@ -146,42 +152,93 @@ fn timeline(d: &RunDetail) -> Markup {
         )
         .max()
         .unwrap_or(start)
-        .max(Utc::now().min(start + chrono::Duration::hours(24)));
+        .max(now.min(start + chrono::Duration::hours(24)));
     let span = (end - start).num_microseconds().unwrap_or(1).max(1) as f64;
     let pct = |t: DateTime<Utc>| {
         ((t - start).num_microseconds().unwrap_or(0) as f64 / span * 100.0).clamp(0.0, 100.0)
     };
+    let axis = Axis {
+        pct: &pct,
+        now: pct(now.min(end)),
+    };
     html! {
-        p.note { "Time axis: " (time(start)) " to " (time(end)) " UTC. Grey: waiting in the queue; coloured: running." }
+        p.note { "Time axis: " (time(start)) " to " (time(end)) " UTC. Grey: waiting in the queue; coloured: running; hatched: an earlier attempt (hover a bar for its worker and error)." }
         table.tasks {
             thead { tr { th { "Task" } th { "Status" } th { "Attempts" } th.timeline-h { "Timeline" } th { "Queued" } th { "Started" } th { "Finished" } th { "Worker" } th { "Error / output" } } }
             tbody {
                 @for t in &d.tasks {
-                    @let q = pct(t.queued_at);
-                    @let s = t.started_at.map(pct);
-                    @let e = end_of(t).map(pct).or_else(|| t.started_at.map(|_| pct(Utc::now().min(end))));
+                    @let attempts = d.attempt_list(t);
                     tr data-task=(format!("{}[{}]", t.step_slug, t.task_index)) data-status=(t.status.as_str()) {
                         td { (t.step_slug) "[" (t.task_index) "]" }
                         td { (badge(t.status.as_str())) }
                         td { (t.attempts) @if t.requeued_count > 0 { " " span.note { "requeued " (t.requeued_count) } } }
-                        td.timeline {
-                            div.track {
-                                @let wait_end = s.unwrap_or_else(|| pct(Utc::now().min(end)));
-                                div.bar.wait style=(format!("left:{q:.2}%;width:{:.2}%", (wait_end - q).max(0.3))) {}
-                                @if let (Some(s), Some(e)) = (s, e) {
-                                    div class=(format!("bar {}", dag::state_class(t.status.as_str()))) style=(format!("left:{s:.2}%;width:{:.2}%", (e - s).max(0.3))) {}
-                                }
-                            }
-                        }
-                        td { (time(t.queued_at)) }
+                        td.timeline { div.track { @for a in &attempts { (attempt_bars(a, &axis)) } } }
+                        td { (time(t.attempt_queued_at)) }
                         td { (opt_time(t.started_at)) }
-                        td { (opt_time(end_of(t))) }
+                        td { (opt_time(t.completed_at.or(t.failed_at))) }
                         td { @if let Some(wid) = t.worker_id { code title=(wid) { (wid.to_string()[..8]) } " " (t.worker_function.clone().unwrap_or_default()) } }
                         td.payload {
-                            @if let Some(e) = &t.error_message { span.error.task-error { (e) } }
+                            @if let Some(e) = attempts.last().and_then(|a| a.error_message) { span.error.task-error { (e) } }
                             @else if let Some(o) = &t.output { code { (truncate(&o.to_string(), 80)) } }
+                            @if attempts.len() > 1 { (earlier_list(&attempts[..attempts.len() - 1])) }
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Positions on the timeline: a time's percentage of the axis, and now's.
+struct Axis<'a> {
+    pct: &'a dyn Fn(DateTime<Utc>) -> f64,
+    now: f64,
+}
+
+/// One attempt's bars: its wait (queued → started, or → now while queued) and its run (started → ended, or →
+/// now while running). An earlier attempt's bars are classed `earlier` with its outcome (`o-failed`, ...).
+fn attempt_bars(a: &Attempt<'_>, axis: &Axis<'_>) -> Markup {
+    let q = (axis.pct)(a.queued_at);
+    let s = a.started_at.map(axis.pct);
+    let e = a.ended_at.map(axis.pct).or(s.map(|_| axis.now));
+    let wait_end = s.or(a.ended_at.map(axis.pct)).unwrap_or(axis.now);
+    let (kind, class) = match a.end {
+        AttemptEnd::Earlier(o) => ("earlier", format!("o-{}", o.as_str())),
+        _ => ("current", dag::state_class(a.end.as_str())),
+    };
+    let worker = a.worker_id.map(|w| {
+        format!(
+            ", worker {} {}",
+            &w.to_string()[..8],
+            a.worker_function.unwrap_or_default()
+        )
+    });
+    let title = format!(
+        "attempt {}: {}{}{}",
+        a.number,
+        a.end.as_str(),
+        worker.unwrap_or_default(),
+        a.error_message
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    );
+    html! {
+        div class=(format!("bar wait {kind}")) data-attempt=(a.number) title=(title) style=(format!("left:{q:.2}%;width:{:.2}%", (wait_end - q).max(0.3))) {}
+        @if let (Some(s), Some(e)) = (s, e) {
+            div class=(format!("bar run {kind} {class}")) data-attempt=(a.number) data-outcome=(a.end.as_str()) title=(title) style=(format!("left:{s:.2}%;width:{:.2}%", (e - s).max(0.3))) {}
+        }
+    }
+}
+
+/// The earlier attempts of a task under its result: number, outcome, worker and error.
+fn earlier_list(earlier: &[Attempt<'_>]) -> Markup {
+    html! {
+        ol.attempts {
+            @for a in earlier {
+                li.earlier-attempt data-attempt=(a.number) data-outcome=(a.end.as_str()) {
+                    "#" (a.number) " " (a.end.as_str())
+                    @if let Some(w) = a.worker_id { " · " code title=(w) { (w.to_string()[..8]) } @if let Some(f) = a.worker_function { " " (f) } }
+                    @if let Some(e) = a.error_message { ": " span.error { (truncate(e, 160)) } }
                 }
             }
         }

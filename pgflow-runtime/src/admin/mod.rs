@@ -7,7 +7,7 @@
 //!   range, an input value at a JSON path), one keyset page at a time ([`Page`], [`Cursor`]);
 //!   [`Admin::run_counts`]: how many runs match per status (bounded by [`COUNT_CAP`]).
 //! - [`Admin::run`]: one run in detail ([`RunDetail`]): its row, its steps with their dependencies and map
-//!   progress, its tasks with their attempts, its retries and replays, its event log, and the operator actions
+//!   progress, its tasks with their attempts (the earlier ones too: [`TaskAttempt`]), its retries and replays, its event log, and the operator actions
 //!   taken on it.
 //! - [`Admin::queues`], [`Admin::queue_rates`], [`Admin::uncovered_routes`], [`Admin::coverage_gaps`]: queue
 //!   depth and age, claims and completions per minute, and work that no live worker can run.
@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod attempts;
 mod audit;
 mod deployments;
 mod fleet;
@@ -52,6 +53,7 @@ use crate::pooling::Pooling;
 pub use crate::decode::TaskStatus;
 pub use crate::decode::{QueueMode, StepType};
 pub use crate::worker::GapReason;
+pub use attempts::{Attempt, AttemptEnd, AttemptOutcome, TaskAttempt, ATTEMPTS_PER_TASK};
 pub use audit::{ActionKind, NewAction, OperatorAction};
 pub use deployments::{AliasInfo, Blocker, FlowInfo, VersionInfo, VersionQueue};
 pub use fleet::{

@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::attempts::{attempts_of, Attempt, TaskAttempt};
 use super::{Admin, AdminError, OperatorAction, StepType, TaskStatus};
 use crate::client::{RunStatus, StepStatus};
 
@@ -21,6 +22,10 @@ pub struct RunDetail {
     pub steps: Vec<StepDetail>,
     /// Its tasks by step (in step order) and task index; per step at most the first 200 and the failed ones.
     pub tasks: Vec<TaskDetail>,
+    /// The earlier attempts of those tasks (each task's current or last attempt is its [`TaskDetail`]), by
+    /// task and then in the order they ended; per task the latest
+    /// [`ATTEMPTS_PER_TASK`](super::ATTEMPTS_PER_TASK).
+    pub attempts: Vec<TaskAttempt>,
     /// Its retries in place, oldest first (`pgflow.run_retries`).
     pub retries: Vec<RetryRecord>,
     /// The runs that replay it (newest first, at most 50).
@@ -65,6 +70,27 @@ impl RunDetail {
     /// The tasks of one step.
     pub fn tasks_of<'a>(&'a self, step_slug: &'a str) -> impl Iterator<Item = &'a TaskDetail> {
         self.tasks.iter().filter(move |t| t.step_slug == step_slug)
+    }
+
+    /// The earlier attempts of one task, in the order they ended (its current or last attempt is its
+    /// [`TaskDetail`]).
+    pub fn attempts_of<'a>(
+        &'a self,
+        step_slug: &'a str,
+        task_index: i32,
+    ) -> impl Iterator<Item = &'a TaskAttempt> {
+        self.attempts
+            .iter()
+            .filter(move |a| a.step_slug == step_slug && a.task_index == task_index)
+    }
+
+    /// Every attempt of `task` listed, oldest first: its earlier attempts, then its current or last one (a
+    /// task that is queued and never started has that one only, queued).
+    pub fn attempt_list<'a>(&'a self, task: &'a TaskDetail) -> Vec<Attempt<'a>> {
+        self.attempts_of(&task.step_slug, task.task_index)
+            .map(Attempt::earlier)
+            .chain(std::iter::once(Attempt::current(task)))
+            .collect()
     }
 
     /// One step.
@@ -158,8 +184,8 @@ impl StepDetail {
     }
 }
 
-/// A task of the run and its attempts. The database keeps the times of the task's latest attempt; earlier
-/// attempts show in [`TaskDetail::attempts`] and, across retries in place, in [`RetryRecord::errors`].
+/// A task of the run with its current or last attempt; its earlier attempts are in [`RunDetail::attempts`]
+/// ([`RunDetail::attempts_of`]).
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 #[non_exhaustive]
 pub struct TaskDetail {
@@ -173,8 +199,11 @@ pub struct TaskDetail {
     pub attempts: i32,
     /// Attempts made before the run's last retry in place (the attempt budget counts from here).
     pub attempts_base: i32,
-    /// When it was (last) queued.
+    /// When it was first queued (or queued again by the run's last retry in place).
     pub queued_at: DateTime<Utc>,
+    /// When its current or last attempt was queued: the latest of `queued_at`, its last requeue by recovery
+    /// and the end of its previous attempt.
+    pub attempt_queued_at: DateTime<Utc>,
     /// When its latest attempt started.
     pub started_at: Option<DateTime<Utc>>,
     /// When it completed.
@@ -232,7 +261,10 @@ const STEPS: &str = "select s.step_slug, s.step_index, s.step_type, \
      where s.flow_slug = $2 order by s.step_index";
 
 const TASKS: &str = "select t.step_slug, t.task_index, t.status, t.attempts_count as attempts, t.attempts_base, \
-     t.queued_at, t.started_at, t.completed_at, t.failed_at, t.last_worker_id as worker_id, \
+     t.queued_at, greatest(t.queued_at, t.last_requeued_at, \
+       (select max(a.ended_at) from pgflow.task_attempts a \
+        where a.run_id = t.run_id and a.step_slug = t.step_slug and a.task_index = t.task_index)) \
+       as attempt_queued_at, t.started_at, t.completed_at, t.failed_at, t.last_worker_id as worker_id, \
      w.function_name as worker_function, t.error_message, \
      case when $3 then null else t.output end as output, t.queue_name, t.message_id, t.requeued_count \
      from pgflow.steps s \
@@ -293,6 +325,7 @@ impl Admin {
             .persistent(p)
             .fetch_all(&mut *tx)
             .await?;
+        let attempts = attempts_of(&mut tx, run_id, &tasks, p).await?;
         let retries: Vec<RetryRecord> = sqlx::query_as(RETRIES)
             .bind(run_id)
             .persistent(p)
@@ -314,6 +347,7 @@ impl Admin {
             run,
             steps,
             tasks,
+            attempts,
             retries,
             replays,
             actions,

@@ -4,6 +4,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::state::RunStatus;
+use super::{Client, ClientError};
+use crate::pooling::run;
+use crate::statements;
 
 /// What [`Client::cancel`](super::Client::cancel) did (`pgflow.cancel_run`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +82,80 @@ impl CancelFilter {
     pub fn batch_size(mut self, n: u32) -> Self {
         self.batch_size = Some(n.max(1));
         self
+    }
+}
+
+impl CancelFilter {
+    /// The input filter's path and value, as `cancel_runs` takes them.
+    fn input_parts(&self) -> (Option<Vec<String>>, Option<Value>) {
+        match &self.input_equals {
+            Some((path, value)) => (Some(path.clone()), Some(value.clone())),
+            None => (None, None),
+        }
+    }
+}
+
+impl Client {
+    /// Cancels every started run matching `filter`, one bounded batch (one transaction) at a time, and returns
+    /// how many it cancelled.
+    ///
+    /// # Errors
+    ///
+    /// A database error (a batch already committed stays cancelled).
+    pub async fn cancel_runs(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
+        let batch = u64::from(filter.batch_size.unwrap_or(1000).max(1));
+        let mut total = 0u64;
+        loop {
+            let n = self.cancel_runs_batch(filter).await?;
+            total += n;
+            if n < batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Cancels one batch of the started runs matching `filter`: at most [`CancelFilter::batch_size`] (1000 by
+    /// default) in one transaction, and returns how many it cancelled. A batch smaller than the batch size is
+    /// the last; [`Client::cancel_runs`] calls this until then, and a caller that reports progress calls it
+    /// itself.
+    ///
+    /// # Errors
+    ///
+    /// A database error (nothing of this batch is cancelled).
+    pub async fn cancel_runs_batch(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
+        let (path, value) = filter.input_parts();
+        let batch = i32::try_from(filter.batch_size.unwrap_or(1000).max(1)).unwrap_or(i32::MAX);
+        let query = sqlx::query_scalar(statements::CANCEL_RUNS)
+            .bind(filter.flow_slug.as_deref())
+            .bind(filter.started_before)
+            .bind(path.as_deref())
+            .bind(value.as_ref())
+            .bind(filter.reason.as_deref())
+            .bind(batch)
+            .bind(false);
+        let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// How many started runs match `filter` now: what [`Client::cancel_runs`] would cancel, counted by the same
+    /// selection (`pgflow.cancel_runs` with `dry_run`), changing and locking nothing. A caller that reports
+    /// progress asks for it first.
+    ///
+    /// # Errors
+    ///
+    /// A database error.
+    pub async fn count_runs_to_cancel(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
+        let (path, value) = filter.input_parts();
+        let query = sqlx::query_scalar(statements::CANCEL_RUNS)
+            .bind(filter.flow_slug.as_deref())
+            .bind(filter.started_before)
+            .bind(path.as_deref())
+            .bind(value.as_ref())
+            .bind(filter.reason.as_deref())
+            .bind(i32::MAX)
+            .bind(true);
+        let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }
 

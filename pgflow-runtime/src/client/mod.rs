@@ -310,49 +310,6 @@ impl Client {
         })
     }
 
-    /// Cancels every started run matching `filter`, one bounded batch (one transaction) at a time, and returns
-    /// how many it cancelled.
-    ///
-    /// # Errors
-    ///
-    /// A database error (a batch already committed stays cancelled).
-    pub async fn cancel_runs(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
-        let batch = u64::from(filter.batch_size.unwrap_or(1000).max(1));
-        let mut total = 0u64;
-        loop {
-            let n = self.cancel_runs_batch(filter).await?;
-            total += n;
-            if n < batch {
-                return Ok(total);
-            }
-        }
-    }
-
-    /// Cancels one batch of the started runs matching `filter`: at most [`CancelFilter::batch_size`] (1000 by
-    /// default) in one transaction, and returns how many it cancelled. A batch smaller than the batch size is
-    /// the last; [`Client::cancel_runs`] calls this until then, and a caller that reports progress calls it
-    /// itself.
-    ///
-    /// # Errors
-    ///
-    /// A database error (nothing of this batch is cancelled).
-    pub async fn cancel_runs_batch(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
-        let (path, value) = match &filter.input_equals {
-            Some((path, value)) => (Some(path.clone()), Some(value.clone())),
-            None => (None, None),
-        };
-        let batch = i32::try_from(filter.batch_size.unwrap_or(1000).max(1)).unwrap_or(i32::MAX);
-        let query = sqlx::query_scalar(statements::CANCEL_RUNS)
-            .bind(filter.flow_slug.as_deref())
-            .bind(filter.started_before)
-            .bind(path.as_deref())
-            .bind(value.as_ref())
-            .bind(filter.reason.as_deref())
-            .bind(batch);
-        let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    }
-
     /// Retries a failed or cancelled run in place (`pgflow.retry_run`): its failed or cancelled steps and the
     /// steps downstream of them run again with fresh attempts; completed tasks keep their outputs and never run
     /// again. The history of tries is in `pgflow.run_retries`. Returns the run's status afterwards (`Started`,

@@ -6,9 +6,11 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::Utc;
-use pgflow_runtime::admin::{ActionKind, Admin, NewAction, RunFilter, TaskStatus};
+use pgflow_runtime::admin::{
+    ActionKind, Admin, AttemptEnd, AttemptOutcome, NewAction, RunFilter, TaskStatus,
+};
 use pgflow_runtime::client::{RunStatus, StepStatus};
-use pgflow_runtime::{flow, Client, StepError};
+use pgflow_runtime::{flow, Client, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -288,4 +290,80 @@ async fn the_read_layer_filters_pages_counts_and_details_the_runs_a_worker_ran()
     assert_eq!(all[0].error.as_deref(), Some("the run is completed"));
     let detail = admin.run(ids[0]).await.unwrap().unwrap();
     assert_eq!(detail.actions.len(), 1);
+}
+
+#[flow(slug = "historyFlow", input = u32, max_attempts = 3, base_delay = 0)]
+mod history_flow {
+    use super::*;
+
+    /// Fails on its first two attempts (naming the attempt), then returns its input.
+    #[step]
+    async fn flaky(n: u32, ctx: &StepContext<HistoryFlow>) -> Result<u32, StepError> {
+        if ctx.attempt() < 3 {
+            return Err(StepError::msg(format!("attempt {} failed", ctx.attempt())));
+        }
+        Ok(n)
+    }
+}
+
+#[tokio::test]
+async fn a_task_that_failed_twice_then_succeeded_shows_its_three_attempts_in_order() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::spawn::<history_flow::HistoryFlow>(pool).await;
+    let client = Client::new(pool.clone());
+    let run = client.start::<history_flow::HistoryFlow>(&7).await.unwrap();
+    assert_eq!(run.wait(LIMIT).await.unwrap().flaky, 7);
+
+    let detail = Admin::new(pool.clone())
+        .run(run.run_id())
+        .await
+        .unwrap()
+        .unwrap();
+    let task = &detail.tasks[0];
+    assert_eq!((task.status, task.attempts), (TaskStatus::Completed, 3));
+    let earlier: Vec<_> = detail.attempts_of("flaky", 0).collect();
+    assert_eq!(earlier.len(), 2);
+    assert!(earlier.iter().all(|a| a.outcome == AttemptOutcome::Failed));
+
+    let attempts = detail.attempt_list(task);
+    let seen: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.number, a.end, a.worker_id, a.error_message))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                1,
+                AttemptEnd::Earlier(AttemptOutcome::Failed),
+                Some(worker.id()),
+                Some("attempt 1 failed")
+            ),
+            (
+                2,
+                AttemptEnd::Earlier(AttemptOutcome::Failed),
+                Some(worker.id()),
+                Some("attempt 2 failed")
+            ),
+            (
+                3,
+                AttemptEnd::Current(TaskStatus::Completed),
+                Some(worker.id()),
+                None
+            ),
+        ]
+    );
+    assert!(attempts.iter().all(|a| a.worker_function.is_some()));
+    // Each attempt waits, runs and ends in turn.
+    for pair in attempts.windows(2) {
+        assert!(pair[0].ended_at.unwrap() <= pair[1].queued_at, "{pair:?}");
+    }
+    for a in &attempts {
+        assert!(
+            a.queued_at <= a.started_at.unwrap() && a.started_at <= a.ended_at,
+            "{a:?}"
+        );
+    }
+    worker.stop().await;
 }

@@ -2,6 +2,7 @@
 //!
 //! One binary, one module per area. Every test gets a fresh database with PGMQ and all migrations.
 
+mod attempt_history;
 mod bad_input;
 mod batch_completion;
 mod claims;
