@@ -19,70 +19,17 @@ const CANCEL_BATCH: u32 = 500;
 
 /// `cancel ID` or `cancel --flow .. --before .. --input-eq ..`.
 pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow::Result<()> {
-    let client = Client::new(pool.clone());
     if let Some(id) = args.id {
-        let action = db::run_action(pool, ActionKind::Cancel, id).await;
-        let outcome = client.cancel(id, args.reason.as_deref()).await;
-        let detail = json!({ "reason": args.reason });
-        let outcome = match outcome {
-            Ok(o) => {
-                let detail = json!({ "reason": args.reason, "status": o.status.as_str(), "changed": o.changed });
-                db::record(pool, action.detail(detail)).await;
-                o
-            }
-            Err(e) => {
-                let e = explain_client(e, About::Run(id));
-                db::record(pool, action.detail(detail).outcome(Err(format!("{e:#}")))).await;
-                return Err(e);
-            }
-        };
-        if out.json {
-            return out.json(&json!({
-                "run_id": id,
-                "status": outcome.status.as_str(),
-                "changed": outcome.changed,
-                "reason": outcome.reason,
-                "cancelled_at": outcome.cancelled_at,
-            }));
-        }
-        return output::line(&if outcome.changed {
-            format!("run {id} cancelled")
-        } else {
-            format!(
-                "run {id} was already {} (nothing changed)",
-                outcome.status.as_str()
-            )
-        });
+        return cancel_one(pool, out, id, args.reason.as_deref()).await;
     }
-
     if args.flow.is_none() && args.before.is_none() && args.input_eq.is_none() && !args.all {
         bail!(
             "say which runs to cancel: a run id, or filters (--flow, --before, --input-eq), or --all for \
              every started run"
         );
     }
-    let mut filter = CancelFilter::new().batch_size(CANCEL_BATCH);
-    let mut described = Vec::new();
-    if let Some(flow) = &args.flow {
-        filter = filter.flow(flow.clone());
-        described.push(format!("of flow `{flow}`"));
-    }
-    if let Some(before) = args.before {
-        filter = filter.started_before(before.0);
-        described.push(format!("started before {}", output::time(Some(before.0))));
-    }
-    if let Some(m) = &args.input_eq {
-        filter = filter.input_equals(m.path.clone(), m.value.clone());
-        described.push(format!("with input {} = {}", m.path.join("."), m.value));
-    }
-    if let Some(reason) = &args.reason {
-        filter = filter.reason(reason.clone());
-    }
-    let what = if described.is_empty() {
-        "every started run".to_owned()
-    } else {
-        format!("the started runs {}", described.join(", "))
-    };
+    let (filter, what) = cancel_filter(&args);
+    let client = Client::new(pool.clone());
     // The total first: the same selection, counted (`dry_run`), changing nothing.
     let total = client
         .count_runs_to_cancel(&filter)
@@ -119,6 +66,71 @@ pub(crate) async fn cancel(pool: &PgPool, out: Out, args: CancelArgs) -> anyhow:
         return out.json(&json!({ "cancelled": cancelled }));
     }
     output::line(&format!("cancelled {cancelled} run(s)"))
+}
+
+/// `cancel ID`: one run, recorded in the operator record.
+async fn cancel_one(pool: &PgPool, out: Out, id: Uuid, reason: Option<&str>) -> anyhow::Result<()> {
+    let client = Client::new(pool.clone());
+    let action = db::run_action(pool, ActionKind::Cancel, id).await;
+    let outcome = client.cancel(id, reason).await;
+    let detail = json!({ "reason": reason });
+    let outcome = match outcome {
+        Ok(o) => {
+            let detail =
+                json!({ "reason": reason, "status": o.status.as_str(), "changed": o.changed });
+            db::record(pool, action.detail(detail)).await;
+            o
+        }
+        Err(e) => {
+            let e = explain_client(e, About::Run(id));
+            db::record(pool, action.detail(detail).outcome(Err(format!("{e:#}")))).await;
+            return Err(e);
+        }
+    };
+    if out.json {
+        return out.json(&json!({
+            "run_id": id,
+            "status": outcome.status.as_str(),
+            "changed": outcome.changed,
+            "reason": outcome.reason,
+            "cancelled_at": outcome.cancelled_at,
+        }));
+    }
+    output::line(&if outcome.changed {
+        format!("run {id} cancelled")
+    } else {
+        format!(
+            "run {id} was already {} (nothing changed)",
+            outcome.status.as_str()
+        )
+    })
+}
+
+/// The bulk cancel's filter, and what it selects in words.
+fn cancel_filter(args: &CancelArgs) -> (CancelFilter, String) {
+    let mut filter = CancelFilter::new().batch_size(CANCEL_BATCH);
+    let mut described = Vec::new();
+    if let Some(flow) = &args.flow {
+        filter = filter.flow(flow.clone());
+        described.push(format!("of flow `{flow}`"));
+    }
+    if let Some(before) = args.before {
+        filter = filter.started_before(before.0);
+        described.push(format!("started before {}", output::time(Some(before.0))));
+    }
+    if let Some(m) = &args.input_eq {
+        filter = filter.input_equals(m.path.clone(), m.value.clone());
+        described.push(format!("with input {} = {}", m.path.join("."), m.value));
+    }
+    if let Some(reason) = &args.reason {
+        filter = filter.reason(reason.clone());
+    }
+    let what = if described.is_empty() {
+        "every started run".to_owned()
+    } else {
+        format!("the started runs {}", described.join(", "))
+    };
+    (filter, what)
 }
 
 /// `retry ID`.

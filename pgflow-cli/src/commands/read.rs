@@ -3,9 +3,10 @@
 
 use anyhow::anyhow;
 use pgflow_runtime::admin::{
-    Admin, Attempt, CoverageGap, QueueInfo, RunDetail, RunFilter, TaskStatus, UncoveredRoute,
-    WorkerFunction,
+    Admin, Attempt, CoverageGap, QueueInfo, RunDetail, RunFilter, RunInfo, TaskStatus,
+    UncoveredRoute, WorkerFunction,
 };
+use pgflow_runtime::client::RunStatus;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -335,7 +336,25 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
     if out.json {
         return out.json(&detail_json(&detail));
     }
-    let r = &detail.run;
+    print_run(&detail.run)?;
+    output::line("")?;
+    for l in dag::draw(&dag_nodes(&detail)) {
+        output::line(&format!("  {l}"))?;
+    }
+    print_steps(&detail)?;
+    print_tasks(&detail)?;
+    print_attempts(&detail)?;
+    print_history(&detail)?;
+    if matches!(detail.run.status, RunStatus::Failed | RunStatus::Cancelled) {
+        output::line(&format!(
+            "retry it with `pgflow retry {id}`, or replay it with `pgflow replay {id} --from STEP`"
+        ))?;
+    }
+    Ok(())
+}
+
+/// The run's own row: flow, status, times, input and output.
+fn print_run(r: &RunInfo) -> anyhow::Result<()> {
     let finished = r.completed_at.or(r.failed_at).or(r.cancelled_at);
     output::line(&format!("run       {}", r.run_id))?;
     let aliases = if r.aliases.is_empty() {
@@ -366,11 +385,11 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         output::line(&format!("output    {}", output::short_json(o, 100)))?;
     }
 
-    output::line("")?;
-    for l in dag::draw(&dag_nodes(&detail)) {
-        output::line(&format!("  {l}"))?;
-    }
+    Ok(())
+}
 
+/// The steps: type, status, map progress, queue, output or error.
+fn print_steps(detail: &RunDetail) -> anyhow::Result<()> {
     output::line("")?;
     let mut table = output::table(["STEP", "TYPE", "STATUS", "TASKS", "QUEUE", "OUTPUT / ERROR"]);
     for s in &detail.steps {
@@ -392,6 +411,11 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
     }
     output::print_table(&table, "no steps")?;
 
+    Ok(())
+}
+
+/// The tasks listed (the first ones and the failed ones of each step) with their latest attempt.
+fn print_tasks(detail: &RunDetail) -> anyhow::Result<()> {
     output::line("")?;
     let mut table = output::table([
         "STEP",
@@ -420,7 +444,6 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         ]);
     }
     output::print_table(&table, "no tasks yet")?;
-    print_attempts(&detail)?;
     for s in &detail.steps {
         let shown = detail.tasks_of(&s.step_slug).count();
         if let Some(total) = s
@@ -434,6 +457,11 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
         }
     }
 
+    Ok(())
+}
+
+/// Retries, replays and operator actions taken on the run.
+fn print_history(detail: &RunDetail) -> anyhow::Result<()> {
     for x in &detail.retries {
         output::line(&format!(
             "retry {} at {} by {} (was {}): {}",
@@ -459,12 +487,7 @@ pub(crate) async fn run(pool: &PgPool, out: Out, id: Uuid) -> anyhow::Result<()>
                 .map_or_else(|| "done".to_owned(), |e| format!("refused: {e}"))
         ))?;
     }
-    match r.status.as_str() {
-        "failed" | "cancelled" => output::line(&format!(
-            "retry it with `pgflow retry {id}`, or replay it with `pgflow replay {id} --from STEP`"
-        )),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// The attempts of the tasks that had more than one, oldest first, with their worker and how each ended.

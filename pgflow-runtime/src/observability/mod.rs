@@ -2,7 +2,7 @@
 //! (feature `otel`) one OpenTelemetry trace per run. See `docs/observability.md` for every metric and label.
 //!
 //! Workers always record their metrics through the facade; without an installed recorder that costs a
-//! no-op call per event. Install any exporter, or call [`serve_prometheus`] (feature `prometheus`).
+//! no-op call per event. Install any exporter, or call `serve_prometheus` (feature `prometheus`).
 
 use std::time::Duration;
 
@@ -149,7 +149,7 @@ pub fn serve_prometheus(
     Ok(())
 }
 
-/// Histogram buckets [`serve_prometheus`] uses (seconds, or tasks for batch sizes).
+/// Histogram buckets `serve_prometheus` uses (seconds, or tasks for batch sizes).
 pub const DEFAULT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0, 300.0,
