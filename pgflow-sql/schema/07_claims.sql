@@ -16,7 +16,8 @@
 --   4. `pgflow.step_tasks` rows, in (queue_name, message_id) order;
 --   5. then `pgflow.step_states` and the run's counters (under the run row of 2);
 --   6. flow control's limit rows (`pgflow.queue_limits`, then `pgflow.key_limits` in (flow, step) order, FOR
---      UPDATE): only a claim on a limited queue takes them, last; the slot trigger of a task leaving
+--      UPDATE): only a claim on a limited queue takes them, last; then the `pgflow.key_buckets` rows of those
+--      steps (written only by the holder of their key_limits row); the slot trigger of a task leaving
 --      'started' takes parked messages with SKIP LOCKED only.
 --
 -- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
@@ -37,8 +38,10 @@
 --   watch_run                              one run FOR SHARE
 --   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible: skip; explicit ids: waits, in
 --   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order;
---                                          on a limited queue (not start_tasks), then the limit rows
---                                          (_apply_limits)
+--                                          on a limited queue (not start_tasks), then the limit rows, then
+--                                          the key buckets of the batch's steps (_apply_limits)
+--   set_queue_limit, set_key_limit,        the limit row (set/clear_key_limit: then its step's key buckets,
+--   clear_queue_limit, clear_key_limit     then its step's parked messages skip)
 --   trigger step_tasks_free_limit_slot     (a task leaving 'started') its slot row; parked messages skip
 --   complete_task(s) (_complete_tasks)     runs of the batch; the batch's messages plus, when an item can fail
 --                                          its run, the messages of that run's live tasks; then tasks, step
