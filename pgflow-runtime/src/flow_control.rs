@@ -1,6 +1,6 @@
 //! Flow control enforced by the database across every worker process: a concurrency limit and a rate limit
-//! per queue, and a concurrency limit and a rate limit per key (a value of the run input, such as a tenant
-//! id) per step.
+//! per queue, a concurrency limit and a rate limit per key (a value of the run input, such as a tenant id)
+//! per step, and priorities with aging per queue.
 //! Tasks held back by a limit are not claimed, spend no attempt, and their messages stay hidden until a
 //! slot frees (see `pgflow-sql/schema/16_flow_control.sql`). Setting limits is the schema owner's right.
 //!
@@ -15,6 +15,8 @@
 //! // At most 10 starts of step `report` per tenant per minute (a token bucket per tenant).
 //! flow_control::set_key_limits(&pool, "crm", "report", &["tenant"], None, Some((10, Duration::from_secs(60))))
 //!     .await?;
+//! // Higher-priority runs first on queue `sync`; one priority step is a head start of 30 s.
+//! flow_control::set_queue_priority(&pool, "sync", Duration::from_secs(30)).await?;
 //! # Ok(()) }
 //! ```
 
@@ -120,6 +122,41 @@ fn interval(d: Duration) -> PgInterval {
         days: 0,
         microseconds: i64::try_from(d.as_micros()).unwrap_or(i64::MAX),
     }
+}
+
+/// Enables priorities on queue `queue`: its claims take higher-priority runs' tasks first
+/// ([`Start::priority`](crate::client::Start::priority)), and `aging` is what one priority step is worth: a
+/// task of priority p waits at most (q - p) x `aging` behind tasks of priority q sent at the same time. Creates
+/// an index on the queue's PGMQ table (sends and claims on that queue wait while it is built). Messages sent
+/// before carry no rank and are claimed first.
+///
+/// # Errors
+///
+/// The database's refusal (a queue pgflow routes no task to, an aging of zero), or a database error.
+pub async fn set_queue_priority(
+    pool: &PgPool,
+    queue: &str,
+    aging: Duration,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("select 1 from pgflow.set_queue_priority(queue_name => $1, aging => $2)")
+        .bind(queue)
+        .bind(interval(aging))
+        .execute(pool)
+        .await
+        .map(drop)
+}
+
+/// Disables priorities on queue `queue` (claims take its tasks by message id again) and drops the index;
+/// whether it had them.
+///
+/// # Errors
+///
+/// A database error.
+pub async fn clear_queue_priority(pool: &PgPool, queue: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("select pgflow.clear_queue_priority(queue_name => $1)")
+        .bind(queue)
+        .fetch_one(pool)
+        .await
 }
 
 /// Removes the per-key limit of a step; whether it had one.
