@@ -263,3 +263,34 @@ async fn bad_priority_settings_and_starts_get_a_clear_error_and_create_nothing()
     .unwrap();
     assert_eq!(n, 0);
 }
+
+#[tokio::test]
+async fn the_ranked_read_goes_through_the_rank_index_without_sorting_the_queue() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    exec(pool, "select pgflow.set_queue_priority('prio', '1 minute')").await;
+    let priorities: Vec<i32> = (0..2000).map(|i| i % 10).collect();
+    start_with(pool, &priorities, 0).await;
+    exec(pool, "analyze pgmq.q_prio").await;
+    // The statement of the queue's 'lock_visible_ranked' operation, as the claim plans it (a generic plan,
+    // sequential scans off).
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "set plan_cache_mode = force_generic_plan; set enable_seqscan = off;
+         prepare ranked(int) as
+           select q.msg_id from pgmq.q_prio q where q.vt <= clock_timestamp()
+           order by (q.headers ->> 'pgflow_rank')::float8 nulls first, q.msg_id
+           limit $1 for update skip locked",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar("explain execute ranked(16)")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("q_prio_pgflow_rank"), "{plan}");
+    assert!(!plan.contains("Sort"), "{plan}");
+}
