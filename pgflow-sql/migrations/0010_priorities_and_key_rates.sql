@@ -90,10 +90,15 @@ $$;
 -- ---- as in schema/16_flow_control.sql : pgflow._limit_admission ----
 create or replace function pgflow._limit_admission(p_queue text, p_ids bigint[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
 returns table(msg_id bigint, run_id uuid, flow_slug text, step_slug text, task_index integer, limit_key text, slot_key text, key_tokens double precision, admitted boolean, hide_until timestamptz)
-language sql
+language plpgsql
 stable
 set search_path = ''
 as $$
+#variable_conflict use_column
+begin
+  -- PL/pgSQL, so that its plan is cached for the session (a SQL function with SET options is planned anew on
+  -- every call).
+  return query
   with cand as (
     select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index, k.max_per_key, k.rate_limit,
            extract(epoch from k.rate_period)::float8 as period_secs,
@@ -143,7 +148,8 @@ as $$
            else p_now + make_interval(secs => pgflow._park_seconds())
          end
   from decided d
-  order by d.id
+  order by d.id;
+end;
 $$;
 -- ---- end pgflow._limit_admission ----
 
