@@ -102,19 +102,21 @@ pub(crate) const START_FLOWS_TRACED: &str = "select s.run_id \
 pub(crate) const START_FLOWS: &str =
     "select run_id from pgflow.start_flows(flow_slug => $1, inputs => $2)";
 
-/// Starts runs with an idempotency key per input (NULL: none), in input order.
+/// Starts runs with an idempotency key (NULL: none) and a priority per input, in input order.
 #[cfg_attr(feature = "otel", allow(dead_code))]
 pub(crate) const START_FLOWS_WITH_KEYS: &str = "select run_id from pgflow.start_flows_with_keys(\
-     flow_slug => $1, inputs => $2, idempotency_keys => $3, \
-     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end)";
+     flow_slug => $1, inputs => $2, idempotency_keys => $3, run_ids => null, \
+     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end, \
+     priorities => $5)";
 
-/// As [`START_FLOWS_WITH_KEYS`], in trace context `$5` (see [`START_FLOW_TRACED`]).
+/// As [`START_FLOWS_WITH_KEYS`], in trace context `$6` (see [`START_FLOW_TRACED`]).
 #[cfg(feature = "otel")]
 pub(crate) const START_FLOWS_WITH_KEYS_TRACED: &str = "select s.run_id \
-     from (select set_config('pgflow.trace_context', $5, true) as v) c \
+     from (select set_config('pgflow.trace_context', $6, true) as v) c \
      cross join lateral pgflow.start_flows_with_keys(\
-     flow_slug => $1 || left(c.v, 0), inputs => $2, idempotency_keys => $3, \
-     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end) s";
+     flow_slug => $1 || left(c.v, 0), inputs => $2, idempotency_keys => $3, run_ids => null, \
+     key_ttl => case when $4::float8 is null then null else make_interval(secs => $4::float8) end, \
+     priorities => $5) s";
 
 /// Cancels a run.
 pub(crate) const CANCEL_RUN: &str =

@@ -178,6 +178,8 @@ create table pgflow.runs (
   -- The W3C trace context the run was started in ({"traceparent": ..., "tracestate": ...}), taken from the
   -- transaction-local setting pgflow.trace_context by a trigger (14_observability.sql); NULL without one.
   trace_context jsonb,
+  -- The run's priority (18_priorities.sql): higher is claimed first on a queue with priorities enabled.
+  priority int not null default 0,
   constraint status_is_valid check (status in ('started', 'failed', 'completed', 'cancelled')),
   constraint completed_at_or_failed_at check (not (completed_at is not null and failed_at is not null)),
   constraint completed_at_is_after_started_at check (completed_at is null or completed_at >= started_at),

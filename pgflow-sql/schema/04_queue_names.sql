@@ -278,10 +278,13 @@ $$;
 --   lock_skip_locked  the same, skipping messages another transaction holds
 --   lock_visible      lock up to p_n visible messages, oldest first, skipping held ones (as pgmq.read);
 --                     returns them, or NULL when there is none
+--   lock_visible_ranked  the same, lowest rank first (a queue with priorities, 18_priorities.sql: through
+--                     its rank index; messages without a rank first, then by msg_id)
 --   visibility        set each of p_ids' vt to p_vts' matching value, add p_n to read_ct and, when p_n is 1,
 --                     stamp last_read_at; returns the ids updated
 --   archive           move p_ids' messages to the archive table (as pgmq.archive); returns the ids moved
---   send              insert p_msgs with vt p_vts[1] (as pgmq.send_batch); returns their ids, in p_msgs order
+--   send              insert p_msgs with vt p_vts[1] and headers p_headers (NULL: none; as pgmq.send_batch);
+--                     returns their ids, in p_msgs order
 create function pgflow._create_queue_ops(p_queue text)
 returns void
 language plpgsql
@@ -292,7 +295,7 @@ begin
     return;
   end if;
   execute format($f$
-    create function %1$s(p_op text, p_ids bigint[], p_vts timestamptz[], p_n int, p_msgs jsonb[])
+    create function %1$s(p_op text, p_ids bigint[], p_vts timestamptz[], p_n int, p_msgs jsonb[], p_headers jsonb[])
     returns bigint[]
     language plpgsql
     volatile
@@ -312,6 +315,11 @@ begin
         select array_agg(x.msg_id order by x.msg_id) into v_ids
         from (select q.msg_id from pgmq.%2$I q where q.vt <= clock_timestamp()
               order by q.msg_id limit p_n for update skip locked) x;
+      when 'lock_visible_ranked' then
+        select array_agg(x.msg_id order by x.msg_id) into v_ids
+        from (select q.msg_id from pgmq.%2$I q where q.vt <= clock_timestamp()
+              order by (q.headers ->> 'pgflow_rank')::float8 nulls first, q.msg_id
+              limit p_n for update skip locked) x;
       when 'visibility' then
         with updated as (
           update pgmq.%2$I q
@@ -335,8 +343,9 @@ begin
         select coalesce(array_agg(m.msg_id), '{}') into v_ids from moved m;
       when 'send' then
         with sent as (
-          insert into pgmq.%2$I (vt, message)
-          select p_vts[1], m.message from unnest(p_msgs) with ordinality as m(message, ord) order by m.ord
+          insert into pgmq.%2$I (vt, message, headers)
+          select p_vts[1], m.message, p_headers[m.ord]
+          from unnest(p_msgs) with ordinality as m(message, ord) order by m.ord
           returning msg_id
         )
         select array_agg(s.msg_id order by s.msg_id) into v_ids from sent s;
@@ -349,7 +358,7 @@ begin
   $f$, pgflow._queue_ops_name(p_queue), pgmq.format_table_name(p_queue, 'q'),
      pgmq.format_table_name(p_queue, 'a'));
   -- Schema-level default privileges cannot take EXECUTE away from PUBLIC, so it is revoked here.
-  execute format('revoke execute on function %s(text, bigint[], timestamptz[], int, jsonb[]) from public',
+  execute format('revoke execute on function %s(text, bigint[], timestamptz[], int, jsonb[], jsonb[]) from public',
                  pgflow._queue_ops_name(p_queue));
 exception
   -- Another transaction created it first.
@@ -365,13 +374,13 @@ language plpgsql
 set search_path = ''
 as $$
 begin
-  execute format('drop function if exists %s(text, bigint[], timestamptz[], int, jsonb[])',
+  execute format('drop function if exists %s(text, bigint[], timestamptz[], int, jsonb[], jsonb[])',
                  pgflow._queue_ops_name(p_queue));
 end;
 $$;
 
 -- Runs operation `p_op` (see _create_queue_ops) on queue `p_queue`'s messages.
-create function pgflow._queue_op(p_queue text, p_op text, p_ids bigint[] default NULL::bigint[], p_vts timestamp with time zone[] default NULL::timestamp with time zone[], p_n integer default NULL::integer, p_msgs jsonb[] default NULL::jsonb[])
+create function pgflow._queue_op(p_queue text, p_op text, p_ids bigint[] default NULL::bigint[], p_vts timestamp with time zone[] default NULL::timestamp with time zone[], p_n integer default NULL::integer, p_msgs jsonb[] default NULL::jsonb[], p_headers jsonb[] default NULL::jsonb[])
 returns bigint[]
 language plpgsql
 set search_path = ''
@@ -383,7 +392,8 @@ begin
   if to_regproc(v_fn) is null then
     perform pgflow._create_queue_ops(p_queue);
   end if;
-  execute format('select %s($1, $2, $3, $4, $5)', v_fn) into v_ids using p_op, p_ids, p_vts, p_n, p_msgs;
+  execute format('select %s($1, $2, $3, $4, $5, $6)', v_fn) into v_ids using p_op, p_ids, p_vts, p_n, p_msgs,
+    p_headers;
   return v_ids;
 end;
 $$;

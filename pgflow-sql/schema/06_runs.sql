@@ -73,7 +73,8 @@ $$;
 -- planned from steps to every run of the flow (through the runs' flow_slug index), and was, whenever runs had not been
 -- analysed since it grew: the planner then assumes a few runs per flow, and a start read one index entry per
 -- run the flow had ever had (3,000 in the test that found it). The lateral lookup (kept apart by offset 0)
--- leaves the planner no such choice.
+-- leaves the planner no such choice. On a queue with priorities (18_priorities.sql) each message carries its
+-- run's rank in its headers.
 create function pgflow._create_step_tasks(p_run_ids uuid[], p_step_slugs text[])
 returns void
 language plpgsql
@@ -85,13 +86,16 @@ declare
 begin
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as delay,
+           (select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp
+            where qp.queue_name = s.queue_name) as aging_secs,
+           array_agg(r.priority order by t.run_id, t.step_slug, t.task_index) as priorities,
            array_agg(t.run_id order by t.run_id, t.step_slug, t.task_index) as run_ids,
            array_agg(r.flow_slug order by t.run_id, t.step_slug, t.task_index) as flow_slugs,
            array_agg(t.step_slug order by t.run_id, t.step_slug, t.task_index) as step_slugs,
            array_agg(t.task_index order by t.run_id, t.step_slug, t.task_index) as task_indexes,
            array_agg(t.element order by t.run_id, t.step_slug, t.task_index) as elements
     from unnest(p_run_ids, p_step_slugs) as x(run_id, step_slug)
-    cross join lateral (select r.flow_slug, r.input from pgflow.runs r where r.run_id = x.run_id offset 0) r
+    cross join lateral (select r.flow_slug, r.input, r.priority from pgflow.runs r where r.run_id = x.run_id offset 0) r
     join pgflow.steps s on s.flow_slug = r.flow_slug and s.step_slug = x.step_slug
     cross join lateral (
       select x.run_id, x.step_slug, 0 as task_index, null::jsonb as element
@@ -120,7 +124,10 @@ begin
                      'step_slug', u.step_slug,
                      'task_index', u.task_index) order by u.ord)
             from unnest(v_group.flow_slugs, v_group.run_ids, v_group.step_slugs, v_group.task_indexes)
-                   with ordinality as u(flow_slug, run_id, step_slug, task_index, ord))))
+                   with ordinality as u(flow_slug, run_id, step_slug, task_index, ord)),
+           case when v_group.aging_secs is not null
+                then array(select pgflow._rank_headers(v_group.aging_secs, p.priority)
+                           from unnest(v_group.priorities) with ordinality as p(priority, ord) order by p.ord) end))
            with ordinality as sent(msg_id, ord)
     join unnest(v_group.flow_slugs, v_group.run_ids, v_group.step_slugs, v_group.task_indexes, v_group.elements)
            with ordinality as m(flow_slug, run_id, step_slug, task_index, element, ord)
@@ -582,7 +589,10 @@ begin
 end;
 $$;
 
-create function pgflow.start_flows(flow_slug text, inputs jsonb[], run_ids uuid[] default NULL::uuid[])
+-- Starts one run of flow `flow_slug` (a slug or an alias) per input, in one transaction, and returns the runs
+-- in input order. run_ids: one id (or NULL: a new one) per input, or NULL. priorities: one priority (or NULL:
+-- 0) per input, or NULL (all 0): higher is claimed first on queues with priorities (18_priorities.sql).
+create function pgflow.start_flows(flow_slug text, inputs jsonb[], run_ids uuid[], priorities integer[])
 returns setof pgflow.runs
 language plpgsql
 security definer
@@ -611,6 +621,11 @@ begin
   if start_flows.run_ids is not null and cardinality(start_flows.run_ids) is distinct from v_n then
     raise exception 'start_flows(%): % run ids for % inputs; pass one run id (or NULL) per input, or no run ids',
       v_slug, coalesce(cardinality(start_flows.run_ids), 0), v_n;
+  end if;
+  if start_flows.priorities is not null and cardinality(start_flows.priorities) is distinct from v_n then
+    raise exception 'start_flows(%): % priorities for % inputs; pass one priority (or NULL) per input, or no priorities',
+      v_slug, coalesce(cardinality(start_flows.priorities), 0), v_n
+      using errcode = 'invalid_parameter_value';
   end if;
   if v_n = 0 then
     return;
@@ -641,8 +656,8 @@ begin
 
   -- One run:started per run, in input order.
   for v_run in
-    insert into pgflow.runs (run_id, flow_slug, input, remaining_steps)
-    select v_runs[i.ord], v_slug, i.input, v_steps
+    insert into pgflow.runs (run_id, flow_slug, input, remaining_steps, priority)
+    select v_runs[i.ord], v_slug, i.input, v_steps, coalesce(start_flows.priorities[i.ord], 0)
     from unnest(start_flows.inputs) with ordinality as i(input, ord)
     order by i.ord
     returning *
@@ -715,6 +730,36 @@ begin
 end;
 $$;
 
+-- start_flows without priorities (all 0).
+create function pgflow.start_flows(flow_slug text, inputs jsonb[], run_ids uuid[] default NULL::uuid[])
+returns setof pgflow.runs
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+begin
+  return query select * from pgflow.start_flows(start_flows.flow_slug, start_flows.inputs, start_flows.run_ids,
+                                                null::integer[]);
+end;
+$$;
+
+-- start_flow with a priority (higher is claimed first on queues with priorities).
+create function pgflow.start_flow(flow_slug text, input jsonb, run_id uuid, priority integer)
+returns setof pgflow.runs
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+begin
+  return query select * from pgflow.start_flows(start_flow.flow_slug, array[start_flow.input],
+                                                array[start_flow.run_id], array[start_flow.priority]);
+end;
+$$;
+
 -- start_flow: one run, through start_flows.
 create function pgflow.start_flow(flow_slug text, input jsonb, run_id uuid default NULL::uuid)
 returns setof pgflow.runs
@@ -726,7 +771,7 @@ set enable_seqscan = 'off'
 as $$
 begin
   return query select * from pgflow.start_flows(start_flow.flow_slug, array[start_flow.input],
-                                                array[start_flow.run_id]);
+                                                array[start_flow.run_id], null::integer[]);
 end;
 $$;
 

@@ -19,7 +19,8 @@
 --      it resets for another attempt (pgflow._record_attempts), and deleted with their run by prune_history and
 --      delete_flow_and_data; nobody locks or updates them, so they add no wait to the order;
 --   6. flow control's limit rows (`pgflow.queue_limits`, then `pgflow.key_limits` in (flow, step) order, FOR
---      UPDATE): only a claim on a limited queue takes them, last; the slot trigger of a task leaving
+--      UPDATE): only a claim on a limited queue takes them, last; then the `pgflow.key_buckets` rows of those
+--      steps (written only by the holder of their key_limits row); the slot trigger of a task leaving
 --      'started' takes parked messages with SKIP LOCKED only.
 --
 -- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
@@ -38,10 +39,13 @@
 --   run_maintenance                        advisory maintenance lock (try only); then prune_history, then
 --                                          requeue_stalled_tasks, then requeue_dead_worker_tasks
 --   watch_run                              one run FOR SHARE
---   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible: skip; explicit ids: waits, in
---   start_tasks (both forms)               message-id order), then their tasks FOR UPDATE in message order;
---                                          on a limited queue (not start_tasks), then the limit rows
---                                          (_apply_limits)
+--   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible / lock_visible_ranked: skip, in
+--   start_tasks (both forms)               id or rank order; explicit ids: waits, in message-id order), then
+--                                          their tasks FOR UPDATE in message order;
+--                                          on a limited queue (not start_tasks), then the limit rows, then
+--                                          the key buckets of the batch's steps (_apply_limits)
+--   set_queue_limit, set_key_limit,        the limit row (set/clear_key_limit: then its step's key buckets,
+--   clear_queue_limit, clear_key_limit     then its step's parked messages skip)
 --   trigger step_tasks_free_limit_slot     (a task leaving 'started') its slot row; parked messages skip
 --   complete_task(s) (_complete_tasks)     runs of the batch; the batch's messages plus, when an item can fail
 --                                          its run, the messages of that run's live tasks; then tasks, step
@@ -76,6 +80,10 @@
 --   cancelled_tasks                        none (read only)
 --   fire_schedule, pause/resume_schedule   one schedule row FOR UPDATE; fire_schedule then starts runs
 --                                          (start_flows: new rows only)
+--   set_queue_priority                     the queue's PGMQ table SHARE (index build, waits for writers of
+--                                          that queue, holding nothing else), then its queue_priorities row
+--   clear_queue_priority                   its queue_priorities row, then the queue's PGMQ table ACCESS
+--                                          EXCLUSIVE (dropping the index; claims and sends only read the row)
 --
 -- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
 -- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.
@@ -437,9 +445,13 @@ begin
       using errcode = 'invalid_parameter_value',
             hint = 'Pass 0 or more (a worker passes its free handler slots); NULL is not "the whole queue".';
   end if;
-  -- Lock order step 3: the messages.
-  v_ids := pgflow._queue_op(read_and_claim_tasks.queue_name, 'lock_visible', null, null,
-                            read_and_claim_tasks.qty);
+  -- Lock order step 3: the messages (SKIP LOCKED, so their order does not matter), by rank on a queue with
+  -- priorities (18_priorities.sql), else by msg_id.
+  v_ids := pgflow._queue_op(read_and_claim_tasks.queue_name,
+                            case when exists (select 1 from pgflow.queue_priorities p
+                                              where p.queue_name = lower(read_and_claim_tasks.queue_name))
+                                 then 'lock_visible_ranked' else 'lock_visible' end,
+                            null, null, read_and_claim_tasks.qty);
   if v_ids is null then
     return;
   end if;

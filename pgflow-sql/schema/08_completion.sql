@@ -254,7 +254,7 @@ begin
             'flow_slug', task.flow_slug,
             'run_id', task.run_id,
             'step_slug', task.step_slug,
-            'task_index', task.task_index), v_delay))
+            'task_index', task.task_index), pgflow._run_rank_headers(task.queue_name, task.run_id), v_delay))
       where t.run_id = p_run_id and t.step_slug = p_step_slug and t.task_index = p_task_index
       returning t.* into task;
     end if;

@@ -122,7 +122,7 @@ begin
     'flow_slug', v_task.flow_slug,
     'run_id', v_task.run_id,
     'step_slug', v_task.step_slug,
-    'task_index', v_task.task_index)) into v_msg_id;
+    'task_index', v_task.task_index), pgflow._run_rank_headers(v_task.queue_name, v_task.run_id)) into v_msg_id;
 
   update pgflow.step_tasks t
   set status = 'queued', started_at = null, last_worker_id = null, message_id = v_msg_id,
@@ -229,7 +229,7 @@ begin
                 'flow_slug', v_task.flow_slug,
                 'run_id', v_task.run_id,
                 'step_slug', v_task.step_slug,
-                'task_index', v_task.task_index)))
+                'task_index', v_task.task_index), pgflow._run_rank_headers(v_group.queue_name, v_task.run_id)))
           where t.run_id = v_task.run_id and t.step_slug = v_task.step_slug and t.task_index = v_task.task_index;
           v_requeued := v_requeued + 1;
         else

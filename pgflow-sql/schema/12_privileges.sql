@@ -51,7 +51,7 @@ as $$
   ]
 $$;
 
--- The functions a client calls: start runs (with idempotency keys too), read them, and control them (cancel,
+-- The functions a client calls: start runs (with idempotency keys and priorities too), read them, and control them (cancel,
 -- retry, replay).
 create function pgflow._client_api()
 returns text[]
@@ -68,6 +68,9 @@ as $$
     'pgflow.watch_run(uuid)',
     'pgflow.unwatch_run(uuid)',
     'pgflow.start_flows_with_keys(text,jsonb[],text[],uuid[],interval)',
+    'pgflow.start_flow(text,jsonb,uuid,integer)',
+    'pgflow.start_flows(text,jsonb[],uuid[],integer[])',
+    'pgflow.start_flows_with_keys(text,jsonb[],text[],uuid[],interval,integer[])',
     'pgflow.cancel_run(uuid,text)',
     'pgflow.cancel_runs(text,text,timestamp with time zone,text[],jsonb,text,integer,boolean)',
     'pgflow.retry_run(uuid,text)',

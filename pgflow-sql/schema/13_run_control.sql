@@ -172,7 +172,8 @@ end;
 $$;
 
 -- Sends task messages for tasks that exist already (retry_run): one message per task on the task's own queue,
--- visible now, and records its id on the task. The caller holds the run row and the tasks' rows.
+-- visible now (with the run's rank on a queue with priorities), and records its id on the task. The caller
+-- holds the run row and the tasks' rows.
 create function pgflow._resend_tasks(p_run_id uuid, p_step_slugs text[], p_task_indexes int[])
 returns void
 language plpgsql
@@ -181,9 +182,12 @@ as $$
 declare
   v_group record;
   v_queues text[];
+  v_priority integer := (select r.priority from pgflow.runs r where r.run_id = p_run_id);
 begin
   for v_group in
     select t.queue_name,
+           (select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp
+            where qp.queue_name = t.queue_name) as aging_secs,
            array_agg(t.step_slug order by t.step_slug, t.task_index) as step_slugs,
            array_agg(t.task_index order by t.step_slug, t.task_index) as task_indexes,
            array_agg(jsonb_build_object('flow_slug', t.flow_slug, 'run_id', t.run_id, 'step_slug', t.step_slug,
@@ -195,8 +199,11 @@ begin
   loop
     update pgflow.step_tasks t
     set message_id = sent.msg_id
-    from unnest(pgflow._queue_op(v_group.queue_name, 'send', null,
-                                 array[clock_timestamp()], null, v_group.bodies)) with ordinality as sent(msg_id, ord)
+    from unnest(pgflow._queue_op(v_group.queue_name, 'send', null, array[clock_timestamp()], null, v_group.bodies,
+                                 case when v_group.aging_secs is not null
+                                      then array_fill(pgflow._rank_headers(v_group.aging_secs, v_priority),
+                                                      array[cardinality(v_group.bodies)]) end))
+           with ordinality as sent(msg_id, ord)
     join unnest(v_group.step_slugs, v_group.task_indexes) with ordinality as m(step_slug, task_index, ord)
       on m.ord = sent.ord
     where t.run_id = p_run_id and t.step_slug = m.step_slug and t.task_index = m.task_index;
@@ -514,7 +521,8 @@ $$;
 -- raises PF035 naming the key, and nothing is started. A key whose window (key_ttl, else
 -- _idempotency_key_ttl()) has passed starts a new run; retention (prune_history) removes expired keys.
 -- Returns one run row per input, in input order (a key named twice in one call: the same run twice).
-create function pgflow.start_flows_with_keys(flow_slug text, inputs jsonb[], idempotency_keys text[], run_ids uuid[] default NULL::uuid[], key_ttl interval default NULL::interval)
+-- priorities: as start_flows (one per input, or NULL); a key found returns its run with the priority it has.
+create function pgflow.start_flows_with_keys(flow_slug text, inputs jsonb[], idempotency_keys text[], run_ids uuid[], key_ttl interval, priorities integer[])
 returns setof pgflow.runs
 language plpgsql
 security definer
@@ -539,6 +547,11 @@ begin
   if start_flows_with_keys.run_ids is not null and cardinality(start_flows_with_keys.run_ids) <> v_n then
     raise exception 'start_flows_with_keys(%): % run ids for % inputs; pass one run id (or NULL) per input',
       start_flows_with_keys.flow_slug, cardinality(start_flows_with_keys.run_ids), v_n
+      using errcode = 'invalid_parameter_value';
+  end if;
+  if start_flows_with_keys.priorities is not null and cardinality(start_flows_with_keys.priorities) <> v_n then
+    raise exception 'start_flows_with_keys(%): % priorities for % inputs; pass one priority (or NULL) per input',
+      start_flows_with_keys.flow_slug, cardinality(start_flows_with_keys.priorities), v_n
       using errcode = 'invalid_parameter_value';
   end if;
   if v_ttl <= interval '0' then
@@ -592,12 +605,30 @@ begin
     perform 1 from pgflow.start_flows(
       start_flows_with_keys.flow_slug,
       array(select start_flows_with_keys.inputs[o] from unnest(v_new_ord) with ordinality as u(o, n) order by n),
-      array(select v_ids[o] from unnest(v_new_ord) with ordinality as u(o, n) order by n));
+      array(select v_ids[o] from unnest(v_new_ord) with ordinality as u(o, n) order by n),
+      case when start_flows_with_keys.priorities is not null
+           then array(select start_flows_with_keys.priorities[o] from unnest(v_new_ord) with ordinality as u(o, n)
+                      order by n) end);
   end if;
 
   return query select r.* from unnest(v_ids) with ordinality as u(run_id, ord)
                cross join lateral (select * from pgflow.runs x where x.run_id = u.run_id offset 0) r
                order by u.ord;
+end;
+$$;
+
+-- start_flows_with_keys without priorities (all 0).
+create function pgflow.start_flows_with_keys(flow_slug text, inputs jsonb[], idempotency_keys text[], run_ids uuid[] default NULL::uuid[], key_ttl interval default NULL::interval)
+returns setof pgflow.runs
+language plpgsql
+security definer
+set search_path = ''
+as $$
+begin
+  return query select * from pgflow.start_flows_with_keys(start_flows_with_keys.flow_slug, start_flows_with_keys.inputs,
+                                                          start_flows_with_keys.idempotency_keys,
+                                                          start_flows_with_keys.run_ids, start_flows_with_keys.key_ttl,
+                                                          null::integer[]);
 end;
 $$;
 

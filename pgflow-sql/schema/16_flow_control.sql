@@ -1,33 +1,39 @@
--- Flow control: concurrency limits per queue and per key, and a rate limit per queue, enforced by the
--- database inside the claim, across every worker process.
+-- Flow control: concurrency limits per queue and per key, and rate limits per queue and per key, enforced by
+-- the database inside the claim, across every worker process.
 --
 --   queue limit   pgflow.queue_limits.max_started: at most that many tasks of the queue started at once
 --   key limit     pgflow.key_limits: a step's tasks whose run input has the same value at key_path (a tenant
 --                 id, say) are started at most max_per_key at once; other keys are not blocked
 --   rate limit    pgflow.queue_limits.rate_limit per rate_period: a token bucket of the queue (at most
 --                 rate_limit starts in any period; tokens refill continuously)
+--   key rate      pgflow.key_limits.rate_limit per rate_period: a token bucket per key value
+--                 (pgflow.key_buckets, one row per key that spent a token within the last period; a bucket
+--                 idle for a whole period is full, the same as no row, and is pruned by the claims)
 --
 -- How a claim enforces them (pgflow._claim_tasks calls pgflow._apply_limits for the tasks it is about to
 -- claim, only on a queue with a limit): the limit rows are locked (serialising the claims of one limited
--- queue), the running tasks counted from pgflow.limit_slots (one row per started task under a limit), and the
--- batch's tasks admitted in turns by key (each key's first task, then each key's second...) while slots and
--- tokens last. Admitted tasks get a slot row and are claimed. The others are HELD: not claimed, no attempt
--- spent, reported as 'waiting', and their messages parked (pgflow.parked_messages): hidden until a slot of
--- their key or queue frees, when the task that held the slot leaves 'started' (trigger
--- step_tasks_free_limit_slot makes the oldest parked message of that key, and of the queue, visible again),
--- or for a rate limit until the next token. A parked message also comes back after park_seconds() at the
--- latest, so nothing depends on the wake-up alone; there is no busy loop: a held message is hidden, and the
--- next read reaches the messages behind it (no head-of-line blocking).
+-- queue), the running tasks counted from pgflow.limit_slots (one row per started task under a concurrency
+-- limit), and the batch's tasks admitted in turns by key (each key's first task, then each key's second...)
+-- while slots and tokens last (pgflow._limit_admission). Admitted tasks get a slot row and are claimed. The
+-- others are HELD: not claimed, no attempt spent, reported as 'waiting', and their messages parked
+-- (pgflow.parked_messages): hidden until a slot of their key or queue frees, when the task that held the slot
+-- leaves 'started' (trigger step_tasks_free_limit_slot makes the oldest parked message of that key, and of
+-- the queue, visible again), or for a rate limit until the token they wait for. A parked message also comes
+-- back after park_seconds() at the latest when a concurrency limit held it, so nothing depends on the
+-- wake-up alone; there is no busy loop: a held message is hidden, and the next read reaches the messages
+-- behind it (no head-of-line blocking).
 --
 -- Limits apply to the claims of pgflow-rs workers (claim_tasks, read_and_claim_tasks, exchange); upstream's
 -- start_tasks does not consult them. Tasks already started when a limit is set hold no slot.
 --
 -- Lock order: the limit rows (queue_limits, then key_limits in (flow, step) order, FOR UPDATE) are step 6,
--- after the claim's messages and tasks; only claims and the set_* functions lock them. The slot trigger runs
--- where a task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only.
+-- after the claim's messages and tasks; only claims and the set_* functions lock them. The key buckets of a
+-- step are written only by a holder of that step's key_limits row, after it. The slot trigger runs where a
+-- task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only.
 --
--- Owns: queue_limits, key_limits, limit_slots, parked_messages; set_queue_limit, set_key_limit,
--- clear_queue_limit, clear_key_limit; _queue_limited, _apply_limits, _park_messages, _free_limit_slot.
+-- Owns: queue_limits, key_limits, key_buckets, limit_slots, parked_messages; set_queue_limit, set_key_limit,
+-- clear_queue_limit, clear_key_limit; _park_seconds, _wake_parked_step, _queue_limited, _limit_admission,
+-- _apply_limits, _spend_key_tokens, _free_limit_slot.
 
 create table pgflow.queue_limits (
   queue_name text primary key,
@@ -48,12 +54,31 @@ create table pgflow.key_limits (
   flow_slug text not null,
   step_slug text not null,
   key_path text[] not null,
-  max_per_key integer not null,
+  -- NULL: no concurrency limit per key.
+  max_per_key integer,
+  -- NULL: no rate limit per key.
+  rate_limit integer,
+  rate_period interval,
   primary key (flow_slug, step_slug),
   foreign key (flow_slug, step_slug) references pgflow.steps (flow_slug, step_slug) on delete cascade,
   constraint key_limits_max_positive check (max_per_key > 0),
-  constraint key_limits_path_not_empty check (cardinality(key_path) > 0)
+  constraint key_limits_path_not_empty check (cardinality(key_path) > 0),
+  constraint key_limits_rate_positive check (rate_limit > 0 and rate_period > interval '0'),
+  constraint key_limits_rate_complete check ((rate_limit is null) = (rate_period is null)),
+  constraint key_limits_something check (max_per_key is not null or rate_limit is not null)
 );
+
+-- The token bucket of one key value of a step with a key rate: its tokens at refilled_at (they refill
+-- continuously up to rate_limit). No row: a full bucket.
+create table pgflow.key_buckets (
+  limit_key text primary key,
+  flow_slug text not null,
+  step_slug text not null,
+  tokens double precision not null,
+  refilled_at timestamptz not null,
+  foreign key (flow_slug, step_slug) references pgflow.key_limits (flow_slug, step_slug) on delete cascade
+);
+create index idx_key_buckets_idle on pgflow.key_buckets (flow_slug, step_slug, refilled_at);
 
 -- One row per started task that a limit counts; deleted when the task leaves 'started' (or is deleted).
 create table pgflow.limit_slots (
@@ -150,10 +175,14 @@ begin
 end;
 $$;
 
--- Sets (or replaces) the per-key limit of step `step_slug` of flow `flow_slug`: at most max_per_key of its
--- tasks whose run input has the same value at key_path (as `input #>> key_path`; a missing key is the key
--- '') started at once. Refuses an unknown flow or step, an empty path and a limit below 1.
-create function pgflow.set_key_limit(flow_slug text, step_slug text, key_path text[], max_per_key integer)
+-- Sets (or replaces) the per-key limits of step `step_slug` of flow `flow_slug`, for its tasks whose run
+-- input has the same value at key_path (as `input #>> key_path`; a missing key is the key ''): at most
+-- max_per_key of them started at once (NULL: no concurrency limit), at most rate_limit starts per
+-- rate_period (NULL: no rate; a token bucket per key value). Refuses an unknown flow or step, an empty path,
+-- neither limit, a limit below 1, a rate without a period and a period of zero or less; nothing changes then.
+-- A new rate caps the tokens each key has left at it; no rate drops the buckets. The step's parked messages
+-- come back now (their claims decide again under the new limits).
+create function pgflow.set_key_limit(flow_slug text, step_slug text, key_path text[], max_per_key integer default NULL::integer, rate_limit integer default NULL::integer, rate_period interval default NULL::interval)
 returns pgflow.key_limits
 language plpgsql
 security definer
@@ -161,6 +190,7 @@ set search_path = ''
 as $$
 declare
   v_row pgflow.key_limits;
+  v_where text := format('step "%s" of flow "%s"', set_key_limit.step_slug, set_key_limit.flow_slug);
 begin
   if not exists (select 1 from pgflow.steps s
                  where s.flow_slug = set_key_limit.flow_slug and s.step_slug = set_key_limit.step_slug) then
@@ -168,25 +198,48 @@ begin
       using errcode = 'undefined_object', hint = 'Name a concrete flow slug (not an alias) and one of its steps.';
   end if;
   if set_key_limit.key_path is null or cardinality(set_key_limit.key_path) = 0 then
-    raise exception 'set_key_limit(): step "%" of flow "%": key_path is empty; name where the key is in the run input, e.g. ''{tenant}''',
-        set_key_limit.step_slug, set_key_limit.flow_slug
+    raise exception 'set_key_limit(): %: key_path is empty; name where the key is in the run input, e.g. ''{tenant}''',
+        v_where using errcode = 'invalid_parameter_value';
+  end if;
+  if set_key_limit.max_per_key is null and set_key_limit.rate_limit is null then
+    raise exception 'set_key_limit(): %: give max_per_key, rate_limit or both (clear_key_limit removes them)', v_where
       using errcode = 'invalid_parameter_value';
   end if;
-  if set_key_limit.max_per_key is null or set_key_limit.max_per_key < 1 then
-    raise exception 'set_key_limit(): step "%" of flow "%": max_per_key must be at least 1, got %',
-        set_key_limit.step_slug, set_key_limit.flow_slug, coalesce(set_key_limit.max_per_key::text, 'NULL')
+  if set_key_limit.max_per_key < 1 then
+    raise exception 'set_key_limit(): %: max_per_key must be at least 1, got %', v_where, set_key_limit.max_per_key
       using errcode = 'invalid_parameter_value';
   end if;
-  insert into pgflow.key_limits as k (flow_slug, step_slug, key_path, max_per_key)
-  values (set_key_limit.flow_slug, set_key_limit.step_slug, set_key_limit.key_path, set_key_limit.max_per_key)
+  if set_key_limit.rate_limit < 1 then
+    raise exception 'set_key_limit(): %: rate_limit must be at least 1 start per period, got %', v_where,
+        set_key_limit.rate_limit
+      using errcode = 'invalid_parameter_value';
+  end if;
+  if (set_key_limit.rate_limit is null) <> (set_key_limit.rate_period is null)
+     or set_key_limit.rate_period <= interval '0' then
+    raise exception 'set_key_limit(): %: a rate needs both rate_limit and a positive rate_period, got % per %',
+        v_where, coalesce(set_key_limit.rate_limit::text, 'NULL'), coalesce(set_key_limit.rate_period::text, 'NULL')
+      using errcode = 'invalid_parameter_value';
+  end if;
+  insert into pgflow.key_limits as k (flow_slug, step_slug, key_path, max_per_key, rate_limit, rate_period)
+  values (set_key_limit.flow_slug, set_key_limit.step_slug, set_key_limit.key_path, set_key_limit.max_per_key,
+          set_key_limit.rate_limit, set_key_limit.rate_period)
   on conflict on constraint key_limits_pkey do update
-  set key_path = excluded.key_path, max_per_key = excluded.max_per_key
+  set key_path = excluded.key_path, max_per_key = excluded.max_per_key, rate_limit = excluded.rate_limit,
+      rate_period = excluded.rate_period
   returning * into v_row;
+  -- The buckets, after their key_limits row (lock order step 6).
+  if v_row.rate_limit is null then
+    delete from pgflow.key_buckets b where b.flow_slug = v_row.flow_slug and b.step_slug = v_row.step_slug;
+  else
+    update pgflow.key_buckets b set tokens = least(b.tokens, v_row.rate_limit)
+    where b.flow_slug = v_row.flow_slug and b.step_slug = v_row.step_slug and b.tokens > v_row.rate_limit;
+  end if;
+  perform pgflow._wake_parked_step(v_row.flow_slug, v_row.step_slug);
   return v_row;
 end;
 $$;
 
--- Removes the per-key limit of a step; whether it had one.
+-- Removes the per-key limits of a step (its parked messages come back now); whether it had any.
 create function pgflow.clear_key_limit(flow_slug text, step_slug text)
 returns boolean
 language plpgsql
@@ -196,7 +249,39 @@ as $$
 begin
   delete from pgflow.key_limits k
   where k.flow_slug = clear_key_limit.flow_slug and k.step_slug = clear_key_limit.step_slug;
-  return found;
+  if not found then
+    return false;
+  end if;
+  perform pgflow._wake_parked_step(clear_key_limit.flow_slug, clear_key_limit.step_slug);
+  return true;
+end;
+$$;
+
+-- Makes the parked messages of step `p_step_slug` of flow `p_flow_slug` visible now (its key limits just
+-- changed or went: a message held for a token of the old rate may wait far longer than the new one asks).
+-- Messages are taken with SKIP LOCKED: a message a claim holds is left to it.
+create function pgflow._wake_parked_step(p_flow_slug text, p_step_slug text)
+returns void
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_queue text;
+  v_prefix text := p_flow_slug || '/' || p_step_slug || '/';
+  v_ids bigint[];
+begin
+  select s.queue_name into v_queue from pgflow.steps s where s.flow_slug = p_flow_slug and s.step_slug = p_step_slug;
+  select array_agg(pm.msg_id order by pm.msg_id) into v_ids
+  from pgflow.parked_messages pm
+  where pm.queue_name = v_queue and left(pm.limit_key, length(v_prefix)) = v_prefix;
+  if v_ids is null then
+    return;
+  end if;
+  v_ids := pgflow._lock_messages(v_queue, v_ids, true);
+  if cardinality(v_ids) > 0 then
+    delete from pgflow.parked_messages pm where pm.queue_name = v_queue and pm.msg_id = any (v_ids);
+    perform pgflow._queue_op(v_queue, 'visibility', v_ids, array(select clock_timestamp() from unnest(v_ids)), 0);
+  end if;
 end;
 $$;
 
@@ -213,9 +298,82 @@ as $$
                  where s.queue_name = p_queue)
 $$;
 
+-- The admission of a claim's batch on a limited queue, one row per task behind `p_ids` (queued, their
+-- messages and task rows locked by the caller, the limit rows too), in message order. The tasks of a key take
+-- turns (every key's first task, then every key's second...); a task passes its key when its key has a free
+-- slot (max_per_key) and a token (its bucket's tokens now, full without a row) for its turn; the queue's
+-- free slots and tokens (`p_free`, NULL: unlimited) then go to the tasks that passed, in turns, so no key
+-- starves the others within a batch. For each task held: until when to hide its message (a key's or the
+-- queue's next slot: park_seconds, woken earlier by a freed slot; a key rate: the time its turn's token comes;
+-- the queue rate alone: the next token).
+create function pgflow._limit_admission(p_queue text, p_ids bigint[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
+returns table(msg_id bigint, run_id uuid, flow_slug text, step_slug text, task_index integer, limit_key text, slot_key text, key_tokens double precision, admitted boolean, hide_until timestamptz)
+language plpgsql
+stable
+set search_path = ''
+as $$
+#variable_conflict use_column
+begin
+  -- PL/pgSQL, so that its plan is cached for the session (a SQL function with SET options is planned anew on
+  -- every call).
+  return query
+  with cand as (
+    select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index, k.max_per_key, k.rate_limit,
+           extract(epoch from k.rate_period)::float8 as period_secs,
+           case when k.flow_slug is not null
+                then t.flow_slug || '/' || t.step_slug || '/' || coalesce(r.input #>> k.key_path, '') end as limit_key
+    from pgflow.step_tasks t
+    join pgflow.runs r on r.run_id = t.run_id
+    left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
+    where t.queue_name = p_queue and t.message_id = any (p_ids)
+  ),
+  per_key as (
+    select c.*, row_number() over (partition by coalesce(c.limit_key, c.id::text) order by c.id) as turn,
+           case when c.max_per_key is not null
+                then (select count(*) from pgflow.limit_slots s where s.limit_key = c.limit_key) end as running,
+           case when c.rate_limit is not null
+                then coalesce((select least(c.rate_limit::float8,
+                                            b.tokens + c.rate_limit * extract(epoch from p_now - b.refilled_at)::float8
+                                                       / c.period_secs)
+                               from pgflow.key_buckets b where b.limit_key = c.limit_key),
+                              c.rate_limit::float8) end as tokens
+    from cand c
+  ),
+  key_ok as (
+    select p.*, coalesce(p.running + p.turn > p.max_per_key, false) as over_slots,
+           coalesce(p.turn > floor(p.tokens), false) as over_rate
+    from per_key p
+  ),
+  ranked as (
+    select k.*, case when not (k.over_slots or k.over_rate)
+                     then row_number() over (partition by k.over_slots or k.over_rate order by k.turn, k.id) end as place
+    from key_ok k
+  ),
+  decided as (
+    select r.*, r.place is not null and (p_free is null or r.place <= p_free) as ok from ranked r
+  )
+  select d.id, d.run_id, d.flow_slug, d.step_slug, d.task_index, d.limit_key,
+         case when d.max_per_key is not null then d.limit_key end, d.tokens, d.ok,
+         case
+           when d.ok then null
+           when d.over_slots then p_now + make_interval(secs => pgflow._park_seconds())
+           when d.over_rate then p_now + make_interval(secs => greatest(0.05, (d.turn - d.tokens) * d.period_secs
+                                                                               / d.rate_limit))
+           when p_limit.rate_limit is not null and p_limit.max_started is null and d.limit_key is null
+             then p_now + make_interval(secs => greatest(0.05, (1 - (p_queue_tokens - floor(p_queue_tokens)))
+                                                                * extract(epoch from p_limit.rate_period)::float8
+                                                                / p_limit.rate_limit))
+           else p_now + make_interval(secs => pgflow._park_seconds())
+         end
+  from decided d
+  order by d.id;
+end;
+$$;
+
 -- The admission of a claim on a limited queue: of the tasks behind `p_ids` (queued, about to be claimed, their
 -- messages and task rows locked by the caller), returns the ids to HOLD and the time until which to hide each;
--- the admitted ones get a slot row (and lose any parked row). Locks the limit rows (lock order step 6).
+-- the admitted ones get a slot row (and lose any parked row) and spend their tokens. Locks the limit rows
+-- (lock order step 6), then writes the key buckets of the batch's steps.
 create function pgflow._apply_limits(p_queue text, p_ids bigint[])
 returns table(msg_id bigint, hide_until timestamptz)
 language plpgsql
@@ -228,10 +386,14 @@ declare
   v_now timestamptz := clock_timestamp();
   v_ids bigint[];
   v_runs uuid[];
+  v_flows text[];
   v_steps text[];
   v_indexes integer[];
   v_keys text[];
+  v_slot_keys text[];
+  v_key_tokens double precision[];
   v_admitted boolean[];
+  v_hide timestamptz[];
 begin
   -- Lock order step 6: the queue's limit row, then the key limits of the batch's steps in (flow, step) order.
   select * into v_limit from pgflow.queue_limits l where l.queue_name = p_queue for update;
@@ -252,40 +414,18 @@ begin
     v_free := least(coalesce(v_free, floor(v_tokens)::bigint), floor(v_tokens)::bigint);
   end if;
 
-  -- The batch's admission, in arrays (one entry per task, in message order).
-  with cand as (
-    select t.message_id as id, t.run_id, t.step_slug, t.task_index, k.max_per_key,
-           case when k.flow_slug is not null
-                then t.flow_slug || '/' || t.step_slug || '/' || coalesce(r.input #>> k.key_path, '') end as limit_key
-    from pgflow.step_tasks t
-    join pgflow.runs r on r.run_id = t.run_id
-    left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
-    where t.queue_name = p_queue and t.message_id = any (p_ids)
-  ),
-  per_key as (
-    select c.*, row_number() over (partition by coalesce(c.limit_key, c.id::text) order by c.id) as turn,
-           (select count(*) from pgflow.limit_slots s where s.limit_key = c.limit_key) as running
-    from cand c
-  ),
-  key_ok as (
-    select p.*, (p.limit_key is null or p.running + p.turn <= p.max_per_key) as ok from per_key p
-  ),
-  -- The queue's free slots and tokens go to the key-admitted tasks in turns: every key's first task, then
-  -- every key's second... (keys take turns; no key starves the others within a batch).
-  ranked as (
-    select k.*, case when k.ok then row_number() over (partition by k.ok order by k.turn, k.id) end as place
-    from key_ok k
-  )
-  select array_agg(r.id order by r.id), array_agg(r.run_id order by r.id), array_agg(r.step_slug order by r.id),
-         array_agg(r.task_index order by r.id), array_agg(r.limit_key order by r.id),
-         array_agg(r.ok and (v_free is null or r.place <= v_free) order by r.id)
-  into v_ids, v_runs, v_steps, v_indexes, v_keys, v_admitted
-  from ranked r;
+  select array_agg(a.msg_id order by a.msg_id), array_agg(a.run_id order by a.msg_id),
+         array_agg(a.flow_slug order by a.msg_id), array_agg(a.step_slug order by a.msg_id),
+         array_agg(a.task_index order by a.msg_id), array_agg(a.limit_key order by a.msg_id),
+         array_agg(a.slot_key order by a.msg_id), array_agg(a.key_tokens order by a.msg_id),
+         array_agg(a.admitted order by a.msg_id), array_agg(a.hide_until order by a.msg_id)
+  into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_slot_keys, v_key_tokens, v_admitted, v_hide
+  from pgflow._limit_admission(p_queue, p_ids, v_limit, v_free, v_tokens, v_now) a;
 
   insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name, limit_key)
-  select a.run_id, a.step_slug, a.task_index, p_queue, a.limit_key
-  from unnest(v_runs, v_steps, v_indexes, v_keys, v_admitted) as a(run_id, step_slug, task_index, limit_key, admitted)
-  where a.admitted and (v_limit.max_started is not null or a.limit_key is not null)
+  select a.run_id, a.step_slug, a.task_index, p_queue, a.slot_key
+  from unnest(v_runs, v_steps, v_indexes, v_slot_keys, v_admitted) as a(run_id, step_slug, task_index, slot_key, admitted)
+  where a.admitted and (v_limit.max_started is not null or a.slot_key is not null)
   on conflict do nothing;
 
   delete from pgflow.parked_messages pm
@@ -298,9 +438,9 @@ begin
         refilled_at = v_now
     where l.queue_name = p_queue;
   end if;
+  perform pgflow._spend_key_tokens(v_flows, v_steps, v_keys, v_key_tokens, v_admitted, v_now);
 
-  -- Held ones: parked until a slot frees (at most park_seconds), or until the next token when only the rate
-  -- held them back.
+  -- Held ones: parked until a slot frees or their token comes.
   insert into pgflow.parked_messages as pm (queue_name, msg_id, limit_key)
   select p_queue, a.id, a.limit_key
   from unnest(v_ids, v_keys, v_admitted) as a(id, limit_key, admitted)
@@ -308,16 +448,41 @@ begin
   on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
 
   return query
-  select a.id,
-         case when v_limit.rate_limit is not null and v_limit.max_started is null and a.limit_key is null
-              then v_now + make_interval(secs => greatest(0.05, (1 - (v_tokens - floor(v_tokens)))
-                                                           * extract(epoch from v_limit.rate_period)
-                                                           / v_limit.rate_limit))
-              else v_now + make_interval(secs => pgflow._park_seconds())
-         end
-  from unnest(v_ids, v_keys, v_admitted) as a(id, limit_key, admitted)
-  where not a.admitted
-  order by a.id;
+  select a.id, a.hide from unnest(v_ids, v_admitted, v_hide) as a(id, admitted, hide) where not a.admitted order by a.id;
+end;
+$$;
+
+-- The key buckets after a claim's admission (the caller holds the steps' key_limits rows): each key with a
+-- rate that admitted tasks keeps its tokens minus those tasks as of `p_now`; and a few buckets of the same
+-- steps idle for a whole period (full again, the same as no row) are deleted, so the table holds about the
+-- keys active within the last period.
+create function pgflow._spend_key_tokens(p_flows text[], p_steps text[], p_keys text[], p_tokens double precision[], p_admitted boolean[], p_now timestamptz)
+returns void
+language plpgsql
+set search_path = ''
+as $$
+begin
+  if not exists (select 1 from unnest(p_tokens) as t(tokens) where t.tokens is not null) then
+    return;
+  end if;
+  insert into pgflow.key_buckets as b (limit_key, flow_slug, step_slug, tokens, refilled_at)
+  select a.limit_key, a.flow_slug, a.step_slug, min(a.tokens) - count(*), p_now
+  from unnest(p_flows, p_steps, p_keys, p_tokens, p_admitted) as a(flow_slug, step_slug, limit_key, tokens, admitted)
+  where a.tokens is not null and a.admitted
+  group by a.limit_key, a.flow_slug, a.step_slug
+  on conflict on constraint key_buckets_pkey do update set tokens = excluded.tokens, refilled_at = excluded.refilled_at;
+
+  delete from pgflow.key_buckets b
+  where b.limit_key in (
+    select i.limit_key
+    from (select distinct a.flow_slug, a.step_slug
+          from unnest(p_flows, p_steps, p_tokens) as a(flow_slug, step_slug, tokens)
+          where a.tokens is not null) s
+    join pgflow.key_limits k on k.flow_slug = s.flow_slug and k.step_slug = s.step_slug
+    cross join lateral (select x.limit_key from pgflow.key_buckets x
+                        where x.flow_slug = s.flow_slug and x.step_slug = s.step_slug
+                          and x.refilled_at < p_now - k.rate_period
+                        limit 32) i);
 end;
 $$;
 

@@ -451,3 +451,55 @@ fn assert_catalogs_equal(left: &Catalog, right: &Catalog, what: &str) {
         differences.join("\n")
     );
 }
+
+#[tokio::test]
+async fn the_priorities_migration_replaces_the_queue_statement_functions_of_queues_in_use() {
+    let db = db_with(Contents::Pgmq).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pgflow-sql/migrations");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .collect();
+    files.sort();
+    let at = files
+        .iter()
+        .position(|f| f.to_string_lossy().contains("priorities_and_key_rates"))
+        .expect("the priorities migration");
+    for file in &files[..at] {
+        run_psql(&db, &[], Some(file));
+    }
+    let pool = db.pool();
+    let claim = "select count(*) from pgflow.read_and_claim_tasks('up', 1, 30, \
+                 '11111111-1111-1111-1111-111111111111', array['up'], array['work']) where outcome = 'claimed'";
+    sqlx::raw_sql(
+        "select pgflow.create_flow('up'); select pgflow.add_step('up', 'work');
+         insert into pgflow.workers (worker_id, queue_name, function_name)
+         values ('11111111-1111-1111-1111-111111111111', 'up', 'test');
+         select pgflow.start_flow('up', '{}');",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // The queue's statement function exists in its old form (the start sent through it).
+    let n: i64 = sqlx::query_scalar(claim).fetch_one(pool).await.unwrap();
+    assert_eq!(n, 1);
+    for file in &files[at..] {
+        run_psql(&db, &[], Some(file));
+    }
+    sqlx::raw_sql(
+        "select pgflow.set_queue_priority('up', '1 minute');
+         select pgflow.start_flow('up', '{}', null, 3);",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let n: i64 = sqlx::query_scalar(claim).fetch_one(pool).await.unwrap();
+    assert_eq!(n, 1, "sends and claims work through the new form");
+    let ranked: i64 =
+        sqlx::query_scalar("select count(*) from pgmq.q_up where headers ? 'pgflow_rank'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(ranked, 1);
+}

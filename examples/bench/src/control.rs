@@ -26,7 +26,8 @@ pub(crate) struct Figure {
     pub(crate) extra: String,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0..=1) of sorted values; NaN for none.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

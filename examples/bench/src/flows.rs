@@ -60,3 +60,29 @@ pub(crate) mod tenant {
         Ok(job.tenant.len())
     }
 }
+
+/// The diamond's shape with a keyed input, for the flow-control overhead scenario (`--only priority`).
+#[flow(slug = "benchKeyed", input = TenantJob)]
+pub(crate) mod keyed_diamond {
+    use super::{StepError, TenantJob};
+
+    #[step]
+    async fn a(job: TenantJob) -> Result<usize, StepError> {
+        Ok(job.tenant.len())
+    }
+
+    #[step(depends_on = [a])]
+    async fn b(a: usize) -> Result<usize, StepError> {
+        Ok(a + 1)
+    }
+
+    #[step(depends_on = [a])]
+    async fn c(a: usize) -> Result<usize, StepError> {
+        Ok(a + 1)
+    }
+
+    #[step(depends_on = [b, c])]
+    async fn d(b: usize, c: usize) -> Result<usize, StepError> {
+        Ok(b + c)
+    }
+}

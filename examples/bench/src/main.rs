@@ -16,7 +16,8 @@
 //! The processes scenario (`--only processes`: 1, 4 and 16 worker OS processes) and the idle latency probe
 //! (`--only probe`) are in `processes.rs`; they run only when named.
 //! The control scenario (`--only control`) measures tenant B's wait behind tenant A's backlog under a per-key
-//! limit, and schedule fire lateness (`control.rs`).
+//! limit, and schedule fire lateness (`control.rs`). The priority scenario (`--only priority`) measures the wait
+//! of low-priority runs under a steady high-priority load, and what each flow control costs (`priority.rs`).
 //!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
@@ -27,6 +28,7 @@ mod db;
 mod floor;
 mod flows;
 mod history;
+mod priority;
 mod processes;
 mod sql_driver;
 mod sustained;
@@ -122,6 +124,10 @@ struct Args {
     control_backlog: usize,
     /// Seconds the schedule of the flow-control scenario fires after the tenants drained.
     control_seconds: u64,
+    /// Seconds of steady high-priority load in the priority scenario.
+    priority_seconds: u64,
+    /// Runs per drain in the flow-control overhead part of the priority scenario.
+    priority_runs: usize,
 }
 
 impl Args {
@@ -162,6 +168,8 @@ impl Args {
             },
             control_backlog: 2000,
             control_seconds: 10,
+            priority_seconds: 10,
+            priority_runs: 1000,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -210,12 +218,14 @@ impl Args {
                 }
                 "--control-backlog" => args.control_backlog = one(&flag, &value()?)?,
                 "--control-seconds" => args.control_seconds = one(&flag, &value()?)?,
+                "--priority-seconds" => args.priority_seconds = one(&flag, &value()?)?,
+                "--priority-runs" => args.priority_runs = one(&flag, &value()?)?,
                 "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
                 "--profile" => args.profile = true,
                 "--observability" => args.observability = true,
                 "-h" | "--help" => {
                     return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--control-backlog N] [--control-seconds S] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,control,diamond,map10] [--profile] [--observability]"
+                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--control-backlog N] [--control-seconds S] [--priority-seconds S] [--priority-runs N] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,control,priority,diamond,map10] [--profile] [--observability]"
                             .into(),
                     )
                 }
@@ -645,6 +655,31 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             Err(BenchError::Invalid(message)) => {
                 eprintln!("control: INVALID: {message}");
                 invalid.push(format!("control: {message}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // Priorities under load, and what each flow control costs.
+    if args.wants(&["priority"]) {
+        db.settle().await?;
+        match priority::run(&db, args.priority_seconds, args.priority_runs).await {
+            Ok(figures) => {
+                for f in figures {
+                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                    rows.push(Row {
+                        what: f.what,
+                        k: 16,
+                        value: f.value,
+                        unit: f.unit,
+                        extra: f.extra,
+                        wal: None,
+                    });
+                }
+            }
+            Err(BenchError::Invalid(message)) => {
+                eprintln!("priority: INVALID: {message}");
+                invalid.push(format!("priority: {message}"));
             }
             Err(e) => return Err(e),
         }

@@ -160,7 +160,8 @@ impl Client {
 }
 
 /// One start of [`Client::start`](super::Client::start) or [`Client::start_many`](super::Client::start_many):
-/// an input, and optionally an idempotency key. A plain `&input` converts into a start without a key.
+/// an input, and optionally an idempotency key and a priority. A plain `&input` converts into a start without
+/// a key, at priority 0.
 ///
 /// With a key, starting again with the same key (for the same flow slug or alias, within the key window)
 /// returns the run the first start created instead of a second one; the same key with another input is an
@@ -172,6 +173,10 @@ pub struct Start<'a, I> {
     pub input: &'a I,
     /// The idempotency key.
     pub idempotency_key: Option<String>,
+    /// The run's priority (default 0): on a queue with priorities enabled
+    /// ([`flow_control::set_queue_priority`](crate::flow_control::set_queue_priority)), higher is claimed
+    /// first; elsewhere it changes nothing.
+    pub priority: i32,
 }
 
 impl<'a, I> Start<'a, I> {
@@ -180,6 +185,7 @@ impl<'a, I> Start<'a, I> {
         Start {
             input,
             idempotency_key: None,
+            priority: 0,
         }
     }
 
@@ -187,6 +193,14 @@ impl<'a, I> Start<'a, I> {
     #[must_use]
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// At priority `priority` (higher is claimed first on queues with priorities enabled; a run found by its
+    /// idempotency key keeps the priority it was started with).
+    #[must_use]
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
         self
     }
 }

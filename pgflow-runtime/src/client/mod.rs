@@ -223,7 +223,7 @@ impl Client {
         F::Input: 'a,
     {
         let one = input.into();
-        if one.idempotency_key.is_none() {
+        if one.idempotency_key.is_none() && one.priority == 0 {
             let input = start::to_input(F::SLUG, one.input)?;
             let started = self.start_named(F::SLUG, &input).await?;
             return Ok(self.handle(started.run_id));
@@ -252,15 +252,21 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         let keys: Option<Vec<Option<String>>> = starts
             .iter()
-            .any(|s| s.idempotency_key.is_some())
+            .any(|s| s.idempotency_key.is_some() || s.priority != 0)
             .then(|| starts.iter().map(|s| s.idempotency_key.clone()).collect());
+        let priorities: Vec<i32> = starts.iter().map(|s| s.priority).collect();
         let window = self.key_window.map(|w| w.as_secs_f64());
         let run_ids = if self.pooling.is_transaction() {
             let mut tx = self.pool.begin().await?;
             let ids = match &keys {
                 None => start::start_many_with(&mut *tx, F::SLUG, &values, false).await?,
                 Some(keys) => {
-                    start::start_keyed_with(&mut *tx, F::SLUG, &values, keys, window, false).await?
+                    let keyed = start::Keyed {
+                        keys,
+                        priorities: &priorities,
+                        window_seconds: window,
+                    };
+                    start::start_keyed_with(&mut *tx, F::SLUG, &values, keyed, false).await?
                 }
             };
             tx.commit().await?;
@@ -269,8 +275,12 @@ impl Client {
             match &keys {
                 None => start::start_many_with(&self.pool, F::SLUG, &values, true).await?,
                 Some(keys) => {
-                    start::start_keyed_with(&self.pool, F::SLUG, &values, keys, window, true)
-                        .await?
+                    let keyed = start::Keyed {
+                        keys,
+                        priorities: &priorities,
+                        window_seconds: window,
+                    };
+                    start::start_keyed_with(&self.pool, F::SLUG, &values, keyed, true).await?
                 }
             }
         };

@@ -119,14 +119,21 @@ where
     Ok(query.persistent(persistent).fetch_all(executor).await?)
 }
 
-/// Starts one run per input with an idempotency key each (`None`: no key), as `pgflow.start_flows_with_keys`:
-/// a key already used for the same input returns its run; `window_seconds` overrides the keys' lifetime.
+/// What a keyed start gives per input besides the input: an idempotency key (`None`: no key) and a priority,
+/// and for all of them the keys' lifetime (`None`: the database's default).
+pub(crate) struct Keyed<'a> {
+    pub(crate) keys: &'a [Option<String>],
+    pub(crate) priorities: &'a [i32],
+    pub(crate) window_seconds: Option<f64>,
+}
+
+/// Starts one run per input with an idempotency key and a priority each, as `pgflow.start_flows_with_keys`:
+/// a key already used for the same input returns its run.
 pub(crate) async fn start_keyed_with<'e, E>(
     executor: E,
     flow_slug: &str,
     inputs: &[Value],
-    keys: &[Option<String>],
-    window_seconds: Option<f64>,
+    keyed: Keyed<'_>,
     persistent: bool,
 ) -> Result<Vec<Uuid>, ClientError>
 where
@@ -136,15 +143,17 @@ where
     let query = sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS_TRACED)
         .bind(flow_slug)
         .bind(inputs)
-        .bind(keys)
-        .bind(window_seconds)
+        .bind(keyed.keys)
+        .bind(keyed.window_seconds)
+        .bind(keyed.priorities)
         .bind(crate::observability::otel::start_setting(flow_slug));
     #[cfg(not(feature = "otel"))]
     let query = sqlx::query_scalar(statements::START_FLOWS_WITH_KEYS)
         .bind(flow_slug)
         .bind(inputs)
-        .bind(keys)
-        .bind(window_seconds);
+        .bind(keyed.keys)
+        .bind(keyed.window_seconds)
+        .bind(keyed.priorities);
     Ok(query.persistent(persistent).fetch_all(executor).await?)
 }
 

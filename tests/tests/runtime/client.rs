@@ -130,3 +130,40 @@ async fn runs_started_together_come_back_in_input_order_and_each_completes() {
     }
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn a_start_carries_its_priority_with_or_without_a_key() {
+    use pgflow_runtime::client::Start;
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    compile(pool).await;
+    let client = Client::new(pool.clone());
+    let names = ["Ada".to_owned(), "Grace".to_owned(), "Edsger".to_owned()];
+    let one = client
+        .start::<greet::Greet>(Start::new(&names[0]).priority(7))
+        .await
+        .unwrap();
+    let many = client
+        .start_many::<greet::Greet>([
+            Start::new(&names[1]).priority(-2),
+            Start::new(&names[2]).idempotency_key("edsger").priority(3),
+        ])
+        .await
+        .unwrap();
+    let plain = client.start::<greet::Greet>(&names[0]).await.unwrap();
+    let mut priorities = Vec::new();
+    for run in [
+        one.run_id(),
+        many[0].run_id(),
+        many[1].run_id(),
+        plain.run_id(),
+    ] {
+        let p: i32 = sqlx::query_scalar("select priority from pgflow.runs where run_id = $1")
+            .bind(run)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        priorities.push(p);
+    }
+    assert_eq!(priorities, [7, -2, 3, 0]);
+}

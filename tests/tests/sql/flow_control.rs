@@ -1,5 +1,6 @@
-//! Flow control in the claim: concurrency limits per queue and per key, a rate limit per queue. Held tasks are
-//! not claimed, spend no attempt and stay hidden until a slot frees; other keys are not blocked.
+//! Flow control in the claim: concurrency limits per queue and per key, rate limits per queue and per key. Held
+//! tasks are not claimed, spend no attempt and stay hidden until a slot frees or a token comes; other keys are
+//! not blocked.
 
 use pgflow_sql::SqlState;
 use pgflow_tests::test_db;
@@ -102,13 +103,49 @@ async fn bad_limits_get_a_clear_error_and_create_nothing() {
             SqlState::InvalidParameterValue,
             "key_path is empty",
         ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}')",
+            SqlState::InvalidParameterValue,
+            "give max_per_key, rate_limit or both",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', rate_limit => 0, rate_period => '1 minute')",
+            SqlState::InvalidParameterValue,
+            "rate_limit must be at least 1 start per period, got 0",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', rate_limit => -2, rate_period => '1 minute')",
+            SqlState::InvalidParameterValue,
+            "rate_limit must be at least 1 start per period, got -2",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2, rate_limit => 5)",
+            SqlState::InvalidParameterValue,
+            "a rate needs both rate_limit and a positive rate_period, got 5 per NULL",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', rate_limit => 5, rate_period => '0 seconds')",
+            SqlState::InvalidParameterValue,
+            "a positive rate_period",
+        ),
+        (
+            "select pgflow.set_key_limit('limited', 'work', '{tenant}', rate_period => '1 minute')",
+            SqlState::InvalidParameterValue,
+            "give max_per_key, rate_limit or both",
+        ),
+        (
+            "select pgflow.set_key_limit('nosuchflow', 'work', '{tenant}', rate_limit => 5, rate_period => '1 minute')",
+            SqlState::UndefinedObject,
+            "flow \"nosuchflow\" has no step \"work\"",
+        ),
     ] {
         let err = sqlx::query(sql).execute(pool).await.unwrap_err();
         assert_eq!(SqlState::of(&err), Some(code), "{sql}: {err}");
         assert!(err.to_string().contains(text), "{sql}: {err}");
     }
     let n: i64 = sqlx::query_scalar(
-        "select (select count(*) from pgflow.queue_limits) + (select count(*) from pgflow.key_limits)",
+        "select (select count(*) from pgflow.queue_limits) + (select count(*) from pgflow.key_limits)
+                + (select count(*) from pgflow.key_buckets)",
     )
     .fetch_one(pool)
     .await
@@ -222,4 +259,169 @@ async fn a_rate_limit_admits_at_most_its_tokens_and_refills() {
     .await;
     make_visible(pool, "limited").await;
     assert_eq!(read_and_claim(pool, 10).await.len(), 4);
+}
+
+/// Per key, how many tasks started since `after` (a database time), from the task rows.
+async fn starts_per_key(pool: &PgPool, after: chrono::DateTime<chrono::Utc>) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "select r.input ->> 'tenant', count(*) from pgflow.step_tasks t join pgflow.runs r using (run_id)
+         where t.flow_slug = 'limited' and t.started_at > $1 group by 1 order by 1",
+    )
+    .bind(after)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("select clock_timestamp()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Makes every message visible (as if any hold had ended), then four sessions claim at once, again and again,
+/// until no message is visible: every message read is either claimed or held (hidden again), so each round
+/// reaches further.
+async fn drain_with_four_claimers(pool: &PgPool) {
+    make_visible(pool, "limited").await;
+    loop {
+        let visible: i64 =
+            sqlx::query_scalar("select count(*) from pgmq.q_limited where vt <= clock_timestamp()")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if visible == 0 {
+            return;
+        }
+        tokio::join!(
+            read_and_claim(pool, 8),
+            read_and_claim(pool, 8),
+            read_and_claim(pool, 8),
+            read_and_claim(pool, 8)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_key_rate_admits_at_most_its_tokens_per_key_and_period_across_concurrent_claimers() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    // Three starts per tenant per hour: the test runs in far less than the 1/3 hour a new token takes, so
+    // each period below is ended by moving the buckets back by an hour.
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', rate_limit => 3, rate_period => '1 hour')",
+    )
+    .await;
+    let mut tenants = vec!["a"; 20];
+    tenants.extend(["b"; 20]);
+    tenants.extend(["c"; 5]);
+    tenants.push("d");
+    start_tenants(pool, &tenants).await;
+
+    let mut total = 0;
+    for (period, expected) in [
+        (1, [("a", 3), ("b", 3), ("c", 3), ("d", 1)].as_slice()),
+        (2, [("a", 3), ("b", 3), ("c", 2)].as_slice()),
+        (3, [("a", 3), ("b", 3)].as_slice()),
+    ] {
+        let since = db_now(pool).await;
+        drain_with_four_claimers(pool).await;
+        let got = starts_per_key(pool, since).await;
+        let expected: Vec<(String, i64)> = expected
+            .iter()
+            .map(|(k, n)| ((*k).to_owned(), *n))
+            .collect();
+        assert_eq!(got, expected, "period {period}");
+        total += expected.iter().map(|(_, n)| n).sum::<i64>();
+        assert_eq!(attempts(pool).await, total, "held tasks spend no attempt");
+        // Held messages are hidden until their turn's token: at least a third of an hour away.
+        let soonest: f64 = sqlx::query_scalar(
+            "select min(extract(epoch from vt - clock_timestamp()))::float8 from pgmq.q_limited q
+             join pgflow.step_tasks t on t.queue_name = 'limited' and t.message_id = q.msg_id
+             where t.status = 'queued'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert!(
+            soonest > 600.0,
+            "period {period}: a held message comes back in {soonest} s"
+        );
+        exec(
+            pool,
+            "update pgflow.key_buckets set refilled_at = refilled_at - interval '1 hour'",
+        )
+        .await;
+    }
+    // The buckets of keys idle for a whole period (full again, the same as no bucket) are pruned by the
+    // claims: d spent nothing after the first period, c nothing after the second.
+    let keys: Vec<String> =
+        sqlx::query_scalar("select limit_key from pgflow.key_buckets order by 1")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(keys, ["limited/work/a", "limited/work/b"]);
+}
+
+async fn complete_started(pool: &PgPool) {
+    let runs: Vec<Uuid> = sqlx::query_scalar(
+        "select run_id from pgflow.step_tasks where flow_slug = 'limited' and status = 'started'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for run in runs {
+        assert_eq!(complete(pool, run, "work", 0, json!(1)).await, "completed");
+    }
+}
+
+#[tokio::test]
+async fn a_key_rate_and_a_key_concurrency_limit_hold_together_and_a_new_rate_applies_at_once() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2, rate_limit => 5, rate_period => '1 hour')",
+    )
+    .await;
+    start_tenants(pool, &["a"; 10]).await;
+    // Two at once (the concurrency limit) although five tokens are there: three are left.
+    drain_with_four_claimers(pool).await;
+    assert_eq!(started(pool).await, 2);
+    // A lower rate caps what is left at the new rate: one token.
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2, rate_limit => 1, rate_period => '1 hour')",
+    )
+    .await;
+    let tokens: f64 = sqlx::query_scalar("select tokens from pgflow.key_buckets")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!((tokens - 1.0).abs() < 1e-9, "{tokens}");
+    // Both slots free, one token: one start, then none.
+    complete_started(pool).await;
+    drain_with_four_claimers(pool).await;
+    assert_eq!(attempts(pool).await, 3);
+    complete_started(pool).await;
+    drain_with_four_claimers(pool).await;
+    assert_eq!(attempts(pool).await, 3);
+    // Removing the rate drops the buckets and brings the parked messages back at once (no make_visible):
+    // the concurrency limit alone then admits two.
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2)",
+    )
+    .await;
+    let buckets: i64 = sqlx::query_scalar("select count(*) from pgflow.key_buckets")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(buckets, 0);
+    assert_eq!(read_and_claim(pool, 16).await.len(), 2);
+    assert_eq!(attempts(pool).await, 5);
 }

@@ -21,6 +21,7 @@ mod hot_paths;
 mod lock_order;
 mod maintenance;
 mod observability;
+mod priorities;
 mod privileges;
 mod queue_identity;
 mod queue_names;
