@@ -350,6 +350,37 @@ struct Row {
     wal: Option<Wal>,
 }
 
+/// The figures of a scenario as table rows (at 16 handlers), or its refusal among the invalid results.
+fn take_figures(
+    scenario: &str,
+    figures: Result<Vec<control::Figure>, BenchError>,
+    rows: &mut Vec<Row>,
+    invalid: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    match figures {
+        Ok(figures) => {
+            for f in figures {
+                eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                rows.push(Row {
+                    what: f.what,
+                    k: 16,
+                    value: f.value,
+                    unit: f.unit,
+                    extra: f.extra,
+                    wal: None,
+                });
+            }
+            Ok(())
+        }
+        Err(BenchError::Invalid(message)) => {
+            eprintln!("{scenario}: INVALID: {message}");
+            invalid.push(format!("{scenario}: {message}"));
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// WAL a drain wrote, per task: bytes and full-page images (from the driver's start to the last completion).
 #[derive(Debug, Clone, Copy)]
 struct Wal {
@@ -638,51 +669,15 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // Flow control and schedules: tenant B's wait behind tenant A's backlog, schedule fire lateness.
     if args.wants(&["control"]) {
         db.settle().await?;
-        match control::run(&db, args.control_backlog, args.control_seconds).await {
-            Ok(figures) => {
-                for f in figures {
-                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
-                    rows.push(Row {
-                        what: f.what,
-                        k: 16,
-                        value: f.value,
-                        unit: f.unit,
-                        extra: f.extra,
-                        wal: None,
-                    });
-                }
-            }
-            Err(BenchError::Invalid(message)) => {
-                eprintln!("control: INVALID: {message}");
-                invalid.push(format!("control: {message}"));
-            }
-            Err(e) => return Err(e),
-        }
+        let figures = control::run(&db, args.control_backlog, args.control_seconds).await;
+        take_figures("control", figures, &mut rows, &mut invalid)?;
     }
 
     // Priorities under load, and what each flow control costs.
     if args.wants(&["priority"]) {
         db.settle().await?;
-        match priority::run(&db, args.priority_seconds, args.priority_runs).await {
-            Ok(figures) => {
-                for f in figures {
-                    eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
-                    rows.push(Row {
-                        what: f.what,
-                        k: 16,
-                        value: f.value,
-                        unit: f.unit,
-                        extra: f.extra,
-                        wal: None,
-                    });
-                }
-            }
-            Err(BenchError::Invalid(message)) => {
-                eprintln!("priority: INVALID: {message}");
-                invalid.push(format!("priority: {message}"));
-            }
-            Err(e) => return Err(e),
-        }
+        let figures = priority::run(&db, args.priority_seconds, args.priority_runs).await;
+        take_figures("priority", figures, &mut rows, &mut invalid)?;
     }
 
     // History: the same drains on an empty database and on a large finished history. Last, because it

@@ -123,18 +123,8 @@ impl Client {
     ///
     /// A database error (nothing of this batch is cancelled).
     pub async fn cancel_runs_batch(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
-        let (path, value) = filter.input_parts();
         let batch = i32::try_from(filter.batch_size.unwrap_or(1000).max(1)).unwrap_or(i32::MAX);
-        let query = sqlx::query_scalar(statements::CANCEL_RUNS)
-            .bind(filter.flow_slug.as_deref())
-            .bind(filter.started_before)
-            .bind(path.as_deref())
-            .bind(value.as_ref())
-            .bind(filter.reason.as_deref())
-            .bind(batch)
-            .bind(false);
-        let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        self.call_cancel_runs(filter, batch, false).await
     }
 
     /// How many started runs match `filter` now: what [`Client::cancel_runs`] would cancel, counted by the same
@@ -145,6 +135,16 @@ impl Client {
     ///
     /// A database error.
     pub async fn count_runs_to_cancel(&self, filter: &CancelFilter) -> Result<u64, ClientError> {
+        self.call_cancel_runs(filter, i32::MAX, true).await
+    }
+
+    /// One call of `pgflow.cancel_runs` with `filter`: at most `batch` runs, or only counted with `dry_run`.
+    async fn call_cancel_runs(
+        &self,
+        filter: &CancelFilter,
+        batch: i32,
+        dry_run: bool,
+    ) -> Result<u64, ClientError> {
         let (path, value) = filter.input_parts();
         let query = sqlx::query_scalar(statements::CANCEL_RUNS)
             .bind(filter.flow_slug.as_deref())
@@ -152,8 +152,8 @@ impl Client {
             .bind(path.as_deref())
             .bind(value.as_ref())
             .bind(filter.reason.as_deref())
-            .bind(i32::MAX)
-            .bind(true);
+            .bind(batch)
+            .bind(dry_run);
         let n: i32 = run!(self.pooling.is_transaction(), &self.pool, query, fetch_one).await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
