@@ -182,6 +182,14 @@ async fn el(b: &Browser, css: &str) -> fantoccini::elements::Element {
         .unwrap_or_else(|e| panic!("no `{css}` on the page within {LIMIT:?}: {e}"))
 }
 
+/// Clicks `css`, finding it again when a refresh of the page's live part replaced it in between.
+async fn click(b: &Browser, css: &str) {
+    eventually(&format!("a click on `{css}`"), || async {
+        el(b, css).await.click().await.ok()
+    })
+    .await;
+}
+
 async fn js(b: &Browser, script: &str) -> Value {
     b.execute(script, vec![]).await.expect("script runs")
 }
@@ -348,10 +356,10 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     b.goto(&format!("{w}/runs/{}", sleeping.run_id()))
         .await
         .unwrap();
-    el(&b, "#cancel").await.click().await.unwrap();
+    click(&b, "#cancel").await;
     el(&b, "#actor").await.send_keys("alice").await.unwrap();
     el(&b, "#token").await.send_keys("wrong").await.unwrap();
-    el(&b, "#signin").await.click().await.unwrap();
+    click(&b, "#signin").await;
     assert!(
         b.wait()
             .at_most(LIMIT)
@@ -362,7 +370,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     );
     el(&b, "#actor").await.send_keys("alice").await.unwrap();
     el(&b, "#token").await.send_keys(TOKEN).await.unwrap();
-    el(&b, "#signin").await.click().await.unwrap();
+    click(&b, "#signin").await;
     eventually("signed in, back on the confirmation page", || async {
         b.current_url()
             .await
@@ -377,7 +385,7 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
         .send_keys("from the browser test")
         .await
         .unwrap();
-    el(&b, "#confirm").await.click().await.unwrap();
+    click(&b, "#confirm").await;
     eventually("the run page to show the run cancelled", || async {
         (attr(&b, "#run-status", "data-status").await.as_deref() == Some("cancelled")).then_some(())
     })
@@ -389,8 +397,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     b.goto(&format!("{w}/runs/{}", failing.run_id()))
         .await
         .unwrap();
-    el(&b, "#retry").await.click().await.unwrap();
-    el(&b, "#confirm").await.click().await.unwrap();
+    click(&b, "#retry").await;
+    click(&b, "#confirm").await;
     eventually("the retried run to complete on its page", || async {
         (attr(&b, "#run-status", "data-status").await.as_deref() == Some("completed")).then_some(())
     })
@@ -456,10 +464,13 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     );
 
     // Replay the retried run from its map step: a new run, which completes and links back.
-    let select = el(&b, ".actions select[name=step]").await;
-    select.select_by_value("each").await.unwrap();
-    el(&b, "#replay").await.click().await.unwrap();
-    el(&b, "#confirm").await.click().await.unwrap();
+    eventually("the replay's step to be chosen", || async {
+        let select = el(&b, ".actions select[name=step]").await;
+        select.select_by_value("each").await.ok()
+    })
+    .await;
+    click(&b, "#replay").await;
+    click(&b, "#confirm").await;
     eventually("the replay's page to show it completed", || async {
         (attr(&b, "#run-status", "data-status").await.as_deref() == Some("completed")).then_some(())
     })
@@ -491,8 +502,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
             .as_deref(),
         Some("false")
     );
-    el(&b, "a.pause-resume").await.click().await.unwrap();
-    el(&b, "#confirm").await.click().await.unwrap();
+    click(&b, "a.pause-resume").await;
+    click(&b, "#confirm").await;
     eventually("the schedule shown paused", || async {
         (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
             .await
@@ -502,8 +513,8 @@ async fn a_browser_watches_runs_opens_one_cancels_and_retries_and_a_read_only_da
     })
     .await;
     screenshot(&b, "schedules.png").await;
-    el(&b, "a.pause-resume").await.click().await.unwrap();
-    el(&b, "#confirm").await.click().await.unwrap();
+    click(&b, "a.pause-resume").await;
+    click(&b, "#confirm").await;
     eventually("the schedule shown active again", || async {
         (attr(&b, "tr[data-schedule=nightly-report]", "data-paused")
             .await
