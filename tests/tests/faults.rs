@@ -117,11 +117,23 @@ async fn worker_processes_killed_again_and_again_under_load_lose_no_run() {
     let runs = start_runs(pool, 500).await;
 
     // Kill one of the three workers with SIGKILL every 400 ms (each lives about 1.2 s) and start a
-    // replacement, until the load has drained.
+    // replacement, until the load has drained. A kill waits for some task to complete since the last one:
+    // on a loaded machine a new worker can need longer than that to start, and a dead worker's attempt
+    // counts (a task that kills its workers must not run forever), so kills that outpace every handler
+    // would exhaust a task's attempts without saying anything about recovery.
+    let completed = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pgflow.step_tasks where status = 'completed'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
     let mut kills = 0;
     let mut victim = 0;
     let mut every = tokio::time::interval(Duration::from_millis(400));
     every.tick().await;
+    let mut done_at_last_kill = completed().await;
     loop {
         let open: i64 =
             sqlx::query_scalar("select count(*) from pgflow.runs where status = 'started'")
@@ -132,6 +144,11 @@ async fn worker_processes_killed_again_and_again_under_load_lose_no_run() {
             break;
         }
         every.tick().await;
+        wait_until(BUDGET, "a task to complete since the last kill", || async {
+            completed().await > done_at_last_kill
+        })
+        .await;
+        done_at_last_kill = completed().await;
         sigkill(&children[victim]);
         let _ = children[victim].wait().await;
         children[victim] = spawn_child(db.url());
