@@ -256,3 +256,24 @@ async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OwnBackends;
+
+    #[test]
+    fn own_backends_remember_the_most_recent_distinct_pids() {
+        let own = OwnBackends::default();
+        own.add(1);
+        own.add(1);
+        assert!(own.contains(1));
+        // A repeated pid takes no place: 1 and 15 more fit.
+        for pid in 2..=u32::try_from(OwnBackends::KEEP).unwrap() {
+            own.add(pid);
+        }
+        assert!(own.contains(1) && own.contains(16));
+        // The next one pushes out the oldest.
+        own.add(100);
+        assert!(!own.contains(1) && own.contains(2) && own.contains(100));
+    }
+}
