@@ -8,6 +8,7 @@
 #![allow(unreachable_pub)] // flow input types appear in the generated (public) flow items
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,12 +76,18 @@ use dash_flow::DashFlow;
 const TOKEN: &str = "test-write-token";
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// chromedriver, killed on drop.
+/// chromedriver in a process group of its own, killed with the browsers it started on drop (also when the
+/// test panics: killing chromedriver alone would leave Chromium running).
 struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = self.0.wait();
     }
 }
@@ -118,6 +125,7 @@ async fn start_browser() -> (Driver, Browser) {
     let driver = Driver(
         Command::new(driver_bin)
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
