@@ -42,7 +42,7 @@ pub enum Compilation {
 /// | `schedules` | none | schedules this worker declares at startup ([`crate::schedules::Schedule`], see `WorkerBuilder::schedule`) |
 /// | `poll_error_backoff_max` | 5 s | longest wait after repeated database errors while polling or recording |
 /// | `completion_batch_size` | 64 | most outputs recorded in one exchange |
-/// | `completion_flushers` | 3 | most exchanges in flight at once (beyond one, only with a backlog) |
+/// | `completion_flushers` | 3 | most exchanges in flight at once, shared out among the queue's live workers (beyond one, only with a backlog) |
 /// | `worker_name` | the queue name | `pgflow.worker_functions.function_name`, the deployment unit |
 /// | `compilation` | [`Compilation::Verify`] | see [`Compilation`] |
 /// | `auto_install` | `false` | install or upgrade the pgflow schema (and PGMQ) at startup |
@@ -96,7 +96,10 @@ pub struct WorkerConfig {
     pub poll_error_backoff_max: Duration,
     /// Most outputs recorded by one exchange.
     pub completion_batch_size: usize,
-    /// Most exchanges in flight at once. Beyond the first, an exchange starts only with a backlog: at
+    /// Most exchanges in flight at once, for the live workers of the queue together: each worker runs at
+    /// most its share, `completion_flushers / live workers` rounded up (at least one), counted by its
+    /// heartbeat. So 16 worker processes on one queue run one exchange each, not three, and their claims do
+    /// not spend the server's cores reading past each other's held messages. Beyond the first, an exchange starts only with a backlog: at
     /// least `batch_size` outputs waiting to be recorded, or a claim of `batch_size` tasks after the last
     /// claim came back full. Such an exchange leaves out the outputs of runs that the exchanges in flight are
     /// recording (they would wait for those exchanges' run-row locks); the next exchange takes them.

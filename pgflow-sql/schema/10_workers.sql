@@ -118,8 +118,10 @@ end;
 $$;
 
 -- A worker's heartbeat: last_heartbeat_at = now. Returns its function's state and its own
---   {"function_name", "enabled", "disabled_reason", "disabled_at", "deprecated", "revived"}
--- so running workers of a function fenced elsewhere stop too, and a deprecated worker drains; NULL for an
+--   {"function_name", "enabled", "disabled_reason", "disabled_at", "deprecated", "revived", "peers"}
+-- so running workers of a function fenced elsewhere stop too, and a deprecated worker drains. "peers" counts
+-- the live workers of its queue (itself included while it is live and not deprecated): the Rust worker shares
+-- its exchanges in flight out among them (WorkerConfig::completion_flushers). NULL for an
 -- unknown worker. A worker that recovery declared dead (its heartbeat went missing, see
 -- requeue_dead_worker_tasks) but is still alive is registered again here ("revived": true): its tasks were
 -- already recovered, and its late results for them are fenced.
@@ -131,6 +133,7 @@ set search_path = ''
 as $$
 declare
   v_function text;
+  v_queue text;
   v_deprecated boolean;
   v_revived boolean;
 begin
@@ -139,13 +142,16 @@ begin
   from (select o.worker_id, o.stopped_at is not null as was_stopped
         from pgflow.workers o where o.worker_id = worker_heartbeat.worker_id for update) old
   where w.worker_id = old.worker_id
-  returning w.function_name, w.deprecated_at is not null, old.was_stopped
-  into v_function, v_deprecated, v_revived;
+  returning w.function_name, w.queue_name, w.deprecated_at is not null, old.was_stopped
+  into v_function, v_queue, v_deprecated, v_revived;
   if v_function is null then
     return null;
   end if;
   return pgflow._worker_function_state(v_function)
-    || jsonb_build_object('deprecated', v_deprecated, 'revived', v_revived);
+    || jsonb_build_object('deprecated', v_deprecated, 'revived', v_revived,
+         'peers', (select count(*) from pgflow.workers p
+                   where p.queue_name = v_queue and p.stopped_at is null and p.deprecated_at is null
+                     and p.last_heartbeat_at > now() - pgflow._worker_liveness_window()));
 end;
 $$;
 

@@ -160,7 +160,7 @@ impl Args {
             processes: processes::Settings {
                 counts: vec![1, 4, 16],
                 handlers: 16,
-                tasks: 2000,
+                tasks: 20000,
                 idle: Duration::from_secs(3),
                 wake_runs: 10,
                 probe_samples: 100,

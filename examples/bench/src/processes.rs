@@ -5,7 +5,8 @@
 //! connections go through the counting relay of the budget scenario, so the figures are the processes'
 //! own: the connections they open, the statements they send while idle (per second), the statements above
 //! that idle rate per new task while runs arrive one at a time (`--processes-wake-runs`, 300 ms apart: the
-//! cost of waking up for new work), and the drain rate of `--processes-tasks` tasks started at once.
+//! cost of waking up for new work), and the drain rate of `--processes-tasks` tasks started at once (on
+//! fresh processes connected to the server directly).
 //!
 //! **Probe** (`--only probe`): one in-process worker (16 handlers) on an idle database, one run at a time
 //! (`--probe-samples`, 100, `--probe-interval-ms`, 200 ms apart); the handlers note when they run, so the
@@ -144,12 +145,8 @@ async fn wait_done(
 ) -> Result<(), BenchError> {
     let started = Instant::now();
     loop {
-        let open: i64 = sqlx::query_scalar(
-            "select count(*) from pgflow.runs where run_id = any ($1) and status = 'started'",
-        )
-        .bind(run_ids)
-        .fetch_one(&db.pool)
-        .await?;
+        // Nothing else runs during the scenario: its open runs are these (a count through an index).
+        let (open, _) = db.progress().await?;
         if open == 0 {
             return db.verify_completed(run_ids).await;
         }
@@ -181,29 +178,20 @@ fn stop_children(children: Vec<Child>) {
     }
 }
 
-/// The processes scenario: one row per process count.
-pub(crate) async fn processes(db: &BenchDb, s: &Settings) -> Result<Vec<Row>, BenchError> {
-    let flow = BenchFlow::Diamond;
-    db.compile(flow.slug(), &flow.shape()).await?;
+/// Spawns `n` worker processes of `handlers` handlers each, connecting to `port`.
+fn spawn_children(
+    db: &BenchDb,
+    n: usize,
+    handlers: usize,
+    port: u16,
+) -> Result<Vec<Child>, BenchError> {
     let exe = std::env::current_exe().map_err(|e| BenchError::Invalid(e.to_string()))?;
-    let mut rows = Vec::new();
-    let mut single: Option<f64> = None;
-    for &n in &s.counts {
-        db.settle().await?;
-        let relay = Relay::start(db.options.get_host().to_owned(), db.options.get_port())
-            .await
-            .map_err(|e| BenchError::Invalid(format!("relay: {e}")))?;
-        // The database's clock when these processes were spawned: their `pgflow.workers` rows are newer.
-        let since: String = sqlx::query_scalar("select now()::text")
-            .fetch_one(&db.pool)
-            .await?;
-        let handlers = (s.handlers / n).max(1);
-        let mut children = Vec::with_capacity(n);
-        for _ in 0..n {
-            let child = Command::new(&exe)
+    (0..n)
+        .map(|_| {
+            Command::new(&exe)
                 .arg("--worker-process")
                 .env("PGFLOW_BENCH_CHILD_USER", db.options.get_username())
-                .env("PGFLOW_BENCH_CHILD_PORT", relay.port.to_string())
+                .env("PGFLOW_BENCH_CHILD_PORT", port.to_string())
                 .env(
                     "PGFLOW_BENCH_CHILD_DB",
                     db.options.get_database().unwrap_or("postgres"),
@@ -212,14 +200,57 @@ pub(crate) async fn processes(db: &BenchDb, s: &Settings) -> Result<Vec<Row>, Be
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .spawn()
-                .map_err(|e| BenchError::Invalid(format!("spawn a worker process: {e}")))?;
-            children.push(child);
-        }
-        let result = measure(db, s, n, handlers, &relay, &since, flow).await;
-        tokio::task::spawn_blocking(move || stop_children(children))
+                .map_err(|e| BenchError::Invalid(format!("spawn a worker process: {e}")))
+        })
+        .collect()
+}
+
+/// Runs `measure` with `n` fresh worker processes on `port`, then stops them.
+async fn with_children<T>(
+    db: &BenchDb,
+    n: usize,
+    handlers: usize,
+    port: u16,
+    measure: impl std::future::Future<Output = Result<T, BenchError>>,
+) -> Result<T, BenchError> {
+    db.settle().await?;
+    // The database's clock when these processes were spawned: their `pgflow.workers` rows are newer.
+    let since: String = sqlx::query_scalar("select now()::text")
+        .fetch_one(&db.pool)
+        .await?;
+    let children = spawn_children(db, n, handlers, port)?;
+    let result = match wait_registered(db, n, &since).await {
+        Ok(()) => measure.await,
+        Err(e) => Err(e),
+    };
+    tokio::task::spawn_blocking(move || stop_children(children))
+        .await
+        .map_err(|e| BenchError::Invalid(e.to_string()))?;
+    result
+}
+
+/// The processes scenario: one row per process count.
+///
+/// The idle and wake-up counts go through the counting relay; the drain runs on fresh processes connected
+/// to the server directly, so that its figure is not the relay's (a proxy in this process, on the same cores,
+/// whose cost grows with the statements it relays).
+pub(crate) async fn processes(db: &BenchDb, s: &Settings) -> Result<Vec<Row>, BenchError> {
+    let flow = BenchFlow::Diamond;
+    db.compile(flow.slug(), &flow.shape()).await?;
+    // Warm-up: the first drain on a new cluster runs at half speed (its tables and indexes grow from
+    // nothing), which would count against whichever process count came first.
+    with_children(db, 1, s.handlers, db.options.get_port(), drain(db, s, flow)).await?;
+    let mut rows = Vec::new();
+    let mut single: Option<f64> = None;
+    for &n in &s.counts {
+        let handlers = (s.handlers / n).max(1);
+        let relay = Relay::start(db.options.get_host().to_owned(), db.options.get_port())
             .await
-            .map_err(|e| BenchError::Invalid(e.to_string()))?;
-        let (rate, connections, idle_rate, per_task) = result?;
+            .map_err(|e| BenchError::Invalid(format!("relay: {e}")))?;
+        let (connections, idle_rate, per_task) =
+            with_children(db, n, handlers, relay.port, count(db, s, &relay, flow)).await?;
+        let rate =
+            with_children(db, n, handlers, db.options.get_port(), drain(db, s, flow)).await?;
         let ratio = single.map_or(1.0, |one| rate / one);
         if n == 1 {
             single = Some(rate);
@@ -241,16 +272,8 @@ pub(crate) async fn processes(db: &BenchDb, s: &Settings) -> Result<Vec<Row>, Be
     Ok(rows)
 }
 
-/// Throughput, connections, idle statements/s and statements per new task of `n` running processes.
-async fn measure(
-    db: &BenchDb,
-    s: &Settings,
-    n: usize,
-    handlers: usize,
-    relay: &Relay,
-    since: &str,
-    flow: BenchFlow,
-) -> Result<(f64, u64, f64, f64), BenchError> {
+/// Waits until `n` worker processes spawned after `since` registered.
+async fn wait_registered(db: &BenchDb, n: usize, since: &str) -> Result<(), BenchError> {
     let started = Instant::now();
     loop {
         let live: i64 = sqlx::query_scalar(
@@ -260,7 +283,7 @@ async fn measure(
         .fetch_one(&db.pool)
         .await?;
         if live as usize >= n {
-            break;
+            return Ok(());
         }
         if started.elapsed() > Duration::from_secs(120) {
             return Err(BenchError::Invalid(format!(
@@ -269,6 +292,15 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Connections, idle statements/s and statements per new task of the running processes (through `relay`).
+async fn count(
+    db: &BenchDb,
+    s: &Settings,
+    relay: &Relay,
+    flow: BenchFlow,
+) -> Result<(u64, f64, f64), BenchError> {
     // Idle: let startup settle (one maintenance and heartbeat period), then count.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = statements(relay);
@@ -286,16 +318,17 @@ async fn measure(
     wait_done(db, &ids, Duration::from_secs(60)).await?;
     let above = (statements(relay) - before) as f64 - idle_rate * window.elapsed().as_secs_f64();
     let per_task = above / (ids.len() * flow.tasks_per_run()).max(1) as f64;
+    let connections = relay.counters.snapshot().tally.startups;
+    Ok((connections, idle_rate, per_task))
+}
 
-    // Throughput: every run at once.
+/// The drain rate of `s.tasks` tasks started at once.
+async fn drain(db: &BenchDb, s: &Settings, flow: BenchFlow) -> Result<f64, BenchError> {
     let runs = (s.tasks / flow.tasks_per_run()).max(1);
     let t0 = Instant::now();
     let ids = db.start_runs(flow.slug(), &flow.input(), runs).await?;
     wait_done(db, &ids, Duration::from_secs(600)).await?;
-    let rate = (runs * flow.tasks_per_run()) as f64 / t0.elapsed().as_secs_f64();
-    let connections = relay.counters.snapshot().tally.startups;
-    let _ = handlers;
-    Ok((rate, connections, idle_rate, per_task))
+    Ok((runs * flow.tasks_per_run()) as f64 / t0.elapsed().as_secs_f64())
 }
 
 /// The idle latency probe: two rows (start → first handler, parent done → dependent handler).

@@ -23,6 +23,8 @@ pub(crate) struct Heartbeat {
     pub(crate) deprecated: bool,
     /// Recovery had declared the worker dead; this beat registered it again.
     pub(crate) revived: bool,
+    /// Live workers of the worker's queue, itself included (see [`Peers`](super::background::Peers)).
+    pub(crate) peers: usize,
 }
 
 /// What one maintenance sweep did (`pgflow.run_maintenance`).
@@ -90,9 +92,10 @@ mod tests {
     #[test]
     fn answers_decode_and_a_missing_field_or_an_unknown_status_is_an_error() {
         let beat: Heartbeat = serde_json::from_value(json!({"function_name": "f", "enabled": true,
-            "disabled_reason": null, "disabled_at": null, "deprecated": false, "revived": true}))
+            "disabled_reason": null, "disabled_at": null, "deprecated": false, "revived": true,
+            "peers": 2}))
         .unwrap();
-        assert!(beat.enabled && !beat.deprecated && beat.revived);
+        assert!(beat.enabled && !beat.deprecated && beat.revived && beat.peers == 2);
         assert!(serde_json::from_value::<Heartbeat>(json!({"enabled": true})).is_err());
         let report: MaintenanceReport =
             serde_json::from_value(json!({"skipped": false, "stalled": 1,

@@ -3,6 +3,7 @@
 //! retention).
 
 use crate::pooling::run;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,17 +20,31 @@ use super::retry::Backoff;
 use super::StopReason;
 use crate::statements;
 
-/// Beats every `interval` until `done` fires; on deprecation or a disabled function, records why and fires
-/// `stop` (claiming stops, in-flight work drains).
+/// What the heartbeat needs besides the stop signals.
+pub(crate) struct Beat {
+    pub(crate) pool: PgPool,
+    pub(crate) pooled: bool,
+    pub(crate) worker_id: Uuid,
+    pub(crate) interval: Duration,
+    /// Where each answer's count of live workers on the queue goes.
+    pub(crate) peers: Peers,
+}
+
+/// Beats every `interval` until `done` fires, keeping `peers` current; on deprecation or a disabled
+/// function, records why and fires `stop` (claiming stops, in-flight work drains).
 pub(crate) async fn heartbeat(
-    pool: PgPool,
-    pooled: bool,
-    worker_id: Uuid,
-    interval: Duration,
+    beat: Beat,
     stop: CancellationToken,
     reason: &Mutex<Option<StopReason>>,
     done: CancellationToken,
 ) {
+    let Beat {
+        pool,
+        pooled,
+        worker_id,
+        interval,
+        peers,
+    } = beat;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -55,6 +70,7 @@ pub(crate) async fn heartbeat(
                 continue;
             }
         };
+        peers.set(state.peers);
         if state.revived {
             tracing::warn!(%worker_id, "this worker was declared dead (its heartbeat went missing) and registered again; \
                 the tasks it had started were recovered, and their late results will be ignored as stale");
@@ -78,6 +94,36 @@ pub(crate) async fn heartbeat(
             reason.lock().expect("stop reason lock").get_or_insert(why);
             stop.cancel();
         }
+    }
+}
+
+/// How many live workers share this worker's queue, as its last heartbeat learned (1 until then).
+///
+/// Each exchange in flight is a transaction that holds the messages it claims and the run rows it
+/// records, and every claim on the queue reads past the messages other claims hold. A few exchanges at
+/// once keep the server's cores busy; many workers each running their full `completion_flushers` would
+/// multiply them, and the claims would spend the cores reading past each other's messages instead. So the
+/// queue's workers share the setting out: each runs at most `completion_flushers / peers` (rounded up,
+/// at least one).
+#[derive(Clone, Debug)]
+pub(crate) struct Peers(Arc<AtomicUsize>);
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers(Arc::new(AtomicUsize::new(1)))
+    }
+}
+
+impl Peers {
+    pub(crate) fn set(&self, live: usize) {
+        self.0.store(live, Ordering::Relaxed);
+    }
+
+    /// This worker's share of `flushers` exchanges in flight.
+    pub(crate) fn share(&self, flushers: usize) -> usize {
+        flushers
+            .div_ceil(self.0.load(Ordering::Relaxed).max(1))
+            .max(1)
     }
 }
 
@@ -259,7 +305,20 @@ async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::OwnBackends;
+    use super::{OwnBackends, Peers};
+
+    #[test]
+    fn workers_of_one_queue_share_the_exchanges_in_flight() {
+        let peers = Peers::default();
+        assert_eq!(peers.share(3), 3, "alone until a heartbeat says otherwise");
+        for (live, share) in [(1, 3), (2, 2), (3, 1), (4, 1), (16, 1), (0, 3)] {
+            peers.set(live);
+            assert_eq!(peers.share(3), share, "{live} live workers");
+        }
+        peers.set(2);
+        assert_eq!(peers.share(8), 4);
+        assert_eq!(peers.share(1), 1);
+    }
 
     #[test]
     fn own_backends_remember_the_most_recent_distinct_pids() {

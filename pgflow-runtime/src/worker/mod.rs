@@ -211,7 +211,8 @@ impl<K, C> WorkerBuilder<K, C> {
         poll_error_backoff_max: Duration,
         /// Most outputs recorded per exchange (default 64).
         completion_batch_size: usize,
-        /// Most exchanges (record outputs and claim, one round trip each) in flight at once (default 3);
+        /// Most exchanges (record outputs and claim, one round trip each) in flight at once (default 3),
+        /// shared out among the live workers of the queue (each runs its share, rounded up, at least one);
         /// beyond the first, only with a backlog (`batch_size` outputs waiting, or a full claim after a
         /// full one).
         completion_flushers: usize,

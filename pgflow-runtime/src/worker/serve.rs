@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::background::OwnBackends;
 use super::background::{self, Maintenance};
+use super::background::{OwnBackends, Peers};
 use super::claim::{Claimer, Unsupported};
 use super::drive::{Driver, Fatal};
 use super::error::{Context, UnsupportedBatch, WorkerError};
@@ -93,6 +93,7 @@ pub(crate) async fn serve(
     let stats = Arc::new(Stats::default());
     let wake = Arc::new(Notify::new());
     let own = OwnBackends::default();
+    let peers = Peers::default();
 
     // Claiming stops when `stop` fires: shutdown, deprecation, a disabled function, a fatal claim.
     let stop = shutdown.child_token();
@@ -105,7 +106,7 @@ pub(crate) async fn serve(
         &config,
         &registry.queue,
         &wake,
-        &own,
+        (&own, &peers),
         &stop,
         &reason,
         &background_done,
@@ -121,7 +122,7 @@ pub(crate) async fn serve(
         stop,
         &reason,
         wake,
-        own,
+        (own, peers),
         revocations,
     );
     let fatal = driver.run(results).await;
@@ -144,7 +145,7 @@ fn driver(
     stop: CancellationToken,
     reason: &Arc<Mutex<Option<StopReason>>>,
     wake: Arc<Notify>,
-    own: OwnBackends,
+    (own, peers): (OwnBackends, Peers),
     revocations: Revocations,
 ) -> (Driver, Arc<Claimer>, mpsc::UnboundedReceiver<TaskResult>) {
     let pending: Pending = Arc::default();
@@ -199,6 +200,7 @@ fn driver(
         reason: Arc::clone(reason),
         wake,
         own,
+        peers,
     };
     (driver, claimer, rx)
 }
@@ -260,7 +262,7 @@ fn spawn_background(
     config: &WorkerConfig,
     queue: &str,
     wake: &Arc<Notify>,
-    own: &OwnBackends,
+    (own, peers): (&OwnBackends, &Peers),
     stop: &CancellationToken,
     reason: &Arc<Mutex<Option<StopReason>>>,
     done: &CancellationToken,
@@ -274,12 +276,16 @@ fn spawn_background(
         done.clone(),
     )));
     {
-        let (pool, stop, reason, done) =
-            (pool.clone(), stop.clone(), Arc::clone(reason), done.clone());
-        let interval = config.heartbeat_interval;
-        let pooled = config.pooling.is_transaction();
+        let (stop, reason, done) = (stop.clone(), Arc::clone(reason), done.clone());
+        let beat = background::Beat {
+            pool: pool.clone(),
+            pooled: config.pooling.is_transaction(),
+            worker_id,
+            interval: config.heartbeat_interval,
+            peers: peers.clone(),
+        };
         handles.push(tokio::spawn(async move {
-            background::heartbeat(pool, pooled, worker_id, interval, stop, &reason, done).await;
+            background::heartbeat(beat, stop, &reason, done).await;
         }));
     }
     // Behind a transaction pooler without a direct connection nothing listens: the driver polls.

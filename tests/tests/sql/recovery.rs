@@ -250,3 +250,52 @@ async fn a_map_task_receives_its_own_element_from_a_large_array() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_heartbeat_counts_the_live_workers_of_its_queue() {
+    let db = test_db().await;
+    let pool = db.pool();
+    // (queue, stopped, deprecated, seconds since the last heartbeat): only the first two are live peers.
+    let workers = [
+        ("peers", false, false, 0),
+        ("peers", false, false, 5),
+        ("peers", true, false, 0),
+        ("peers", false, true, 0),
+        ("peers", false, false, 60),
+        ("elsewhere", false, false, 0),
+    ];
+    let mut ids = Vec::new();
+    for (queue, stopped, deprecated, silent) in workers {
+        let id = Uuid::new_v4();
+        sqlx::query(
+            "insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at, stopped_at, deprecated_at)
+             values ($1, $2, 'peers-test', now() - make_interval(secs => $3),
+                     case when $4 then now() end, case when $5 then now() end)",
+        )
+        .bind(id)
+        .bind(queue)
+        .bind(f64::from(silent))
+        .bind(stopped)
+        .bind(deprecated)
+        .execute(pool)
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    let peers = |id: Uuid| async move {
+        let beat: Value = sqlx::query_scalar("select pgflow.worker_heartbeat($1)")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        beat["peers"].as_i64().unwrap()
+    };
+    assert_eq!(peers(ids[0]).await, 2, "itself and the other live worker");
+    assert_eq!(peers(ids[5]).await, 1, "alone on its queue");
+    // A stopped worker's beat revives it (it is alive after all): one more peer.
+    assert_eq!(peers(ids[2]).await, 3);
+    // A deprecated worker is draining: it does not count, itself included.
+    assert_eq!(peers(ids[3]).await, 3);
+    // A silent worker that beats again is live again.
+    assert_eq!(peers(ids[4]).await, 4);
+}

@@ -13,7 +13,8 @@
 //!   Tasks claimed ahead wait locally, each holding an unrecorded-result permit, and start as slots free.
 //!   One exchange is in flight at a time, and results that finish meanwhile gather into the next one;
 //!   only with a backlog (`batch_size` outputs waiting, or a full claim after the last claim came back
-//!   full) does another start beside it, up to `completion_flushers`. Before an exchange records the
+//!   full) does another start beside it, up to this worker's share of `completion_flushers` (the queue's
+//!   live workers share it out, see `background::Peers`). Before an exchange records the
 //!   outputs already in, it waits a moment for fast handlers still running (twice their average run
 //!   time, at most 1 ms), so that siblings started together share one exchange. An exchange that starts
 //!   beside others leaves out the outputs of runs they are recording: recording an output locks its run's
@@ -49,7 +50,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::background::OwnBackends;
+use super::background::{OwnBackends, Peers};
 use super::batch::{Recording, RunTime};
 use super::claim::{Claimed, Claimer, Unsupported};
 use super::execute::{self, Shared};
@@ -89,6 +90,8 @@ pub(crate) struct Driver {
     pub(crate) wake: Arc<Notify>,
     /// The server processes of this worker's exchanges, whose queue signals it ignores.
     pub(crate) own: OwnBackends,
+    /// The live workers of the queue, which share `completion_flushers` out.
+    pub(crate) peers: Peers,
 }
 
 /// Where a stopping driver is.
@@ -289,7 +292,7 @@ impl DriverLoop {
         let backlog = takeable >= config.batch_size
             || (self.want_claim && self.last_claim_full && qty >= config.batch_size);
         let room = self.inflight.is_empty()
-            || (self.inflight.len() < config.completion_flushers && backlog);
+            || (self.inflight.len() < self.d.peers.share(config.completion_flushers) && backlog);
         if !room || held || gathering {
             return false;
         }
