@@ -86,8 +86,7 @@ declare
 begin
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as delay,
-           (select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp
-            where qp.queue_name = s.queue_name) as aging_secs,
+           pgflow._queue_aging_secs(s.queue_name) as aging_secs,
            array_agg(r.priority order by t.run_id, t.step_slug, t.task_index) as priorities,
            array_agg(t.run_id order by t.run_id, t.step_slug, t.task_index) as run_ids,
            array_agg(r.flow_slug order by t.run_id, t.step_slug, t.task_index) as flow_slugs,

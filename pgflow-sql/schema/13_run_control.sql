@@ -186,8 +186,7 @@ declare
 begin
   for v_group in
     select t.queue_name,
-           (select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp
-            where qp.queue_name = t.queue_name) as aging_secs,
+           pgflow._queue_aging_secs(t.queue_name) as aging_secs,
            array_agg(t.step_slug order by t.step_slug, t.task_index) as step_slugs,
            array_agg(t.task_index order by t.step_slug, t.task_index) as task_indexes,
            array_agg(jsonb_build_object('flow_slug', t.flow_slug, 'run_id', t.run_id, 'step_slug', t.step_slug,

@@ -19,8 +19,8 @@
 -- Lock order: set_queue_priority builds the index (a SHARE lock on the queue table: sends and claims on that
 -- queue wait for the build), then writes its queue_priorities row; claims and sends only read that row.
 --
--- Owns: queue_priorities; set_queue_priority, clear_queue_priority; _rank_index_name, _rank_headers,
--- _run_rank_headers.
+-- Owns: queue_priorities; set_queue_priority, clear_queue_priority; _rank_index_name, _queue_aging_secs,
+-- _rank_headers, _run_rank_headers.
 
 create table pgflow.queue_priorities (
   queue_name text primary key,
@@ -35,6 +35,16 @@ language sql
 immutable
 as $$
   select 'q_' || lower(p_queue) || '_pgflow_rank'
+$$;
+
+-- Queue `p_queue`'s aging in seconds when it has priorities, else NULL: what _rank_headers takes. Every
+-- path that sends a task's message looks the aging up here, once per queue of what it sends.
+create function pgflow._queue_aging_secs(p_queue text)
+returns double precision
+language sql
+stable
+as $$
+  select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp where qp.queue_name = p_queue
 $$;
 
 -- The PGMQ headers of messages sent now by runs of priority `p_priority` to a queue whose aging is
@@ -58,10 +68,8 @@ returns jsonb
 language sql
 stable
 as $$
-  select pgflow._rank_headers(extract(epoch from qp.aging)::float8,
+  select pgflow._rank_headers(pgflow._queue_aging_secs(lower(p_queue)),
                               (select r.priority from pgflow.runs r where r.run_id = p_run_id))
-  from pgflow.queue_priorities qp
-  where qp.queue_name = lower(p_queue)
 $$;
 
 -- Enables priorities on queue `queue_name` with aging `aging` (a priority step is a head start of that
