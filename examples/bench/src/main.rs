@@ -56,77 +56,100 @@ pub(crate) enum BenchError {
     Invalid(String),
 }
 
-/// The value of `flag`, parsed.
-fn one<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    value.trim().parse().map_err(|e| format!("{flag}: {e}"))
-}
-
-/// The comma-separated values of `flag`, parsed.
-fn list<T: std::str::FromStr>(flag: &str, value: &str) -> Result<Vec<T>, String>
-where
-    T::Err: std::fmt::Display,
-{
-    value.split(',').map(|v| one(flag, v)).collect()
+/// Parses a fraction of the driver's drain rate in (0, 1].
+fn load_fraction(value: &str) -> Result<f64, String> {
+    let load: f64 = value.trim().parse().map_err(|e| format!("{e}"))?;
+    if load > 0.0 && load <= 1.0 {
+        Ok(load)
+    } else {
+        Err(format!("a fraction in (0, 1], not {load}"))
+    }
 }
 
 /// Command-line settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "bench",
+    about = "The pgflow-rs benchmark (results and method in BENCHMARKS.md). With DATABASE_URL unset it runs on a throwaway PostgreSQL with production settings."
+)]
 struct Args {
     /// Seconds per raw PGMQ scenario.
+    #[arg(long, default_value_t = 5.0)]
     seconds: f64,
     /// Tasks per drain scenario (runs = tasks / tasks per run).
+    #[arg(long, default_value_t = 6000)]
     tasks: usize,
     /// Concurrency levels.
+    #[arg(long = "k", value_delimiter = ',', default_values_t = [1, 4, 16])]
     ks: Vec<usize>,
     /// Seconds of arrivals in the latency scenarios whose runs are measured.
+    #[arg(long, default_value_t = 8.0)]
     latency_seconds: f64,
     /// Seconds of arrivals, at the same rate, before those: the worker's connections plan their statements
     /// and the tables grow to their working size. Their runs are reported apart.
+    #[arg(long, default_value_t = 1.0)]
     latency_warmup: f64,
     /// Offered loads of the latency scenario, as fractions of the driver's own drain rate.
+    #[arg(long = "latency-load", value_delimiter = ',', value_parser = load_fraction, default_values_t = [0.5])]
     latency_loads: Vec<f64>,
     /// A fixed arrival rate (runs/s) multiplied by each load, instead of the drain rate (for comparisons
     /// between builds, whose drain rates differ from run to run).
+    #[arg(long)]
     latency_rate: Option<f64>,
     /// How the latency scenarios start each 10 ms tick's runs: `set` (one `pgflow.start_flows` call) and/or
     /// `each` (one `pgflow.start_flow` call per run, in one statement).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Starts::Set])]
     latency_starts: Vec<Starts>,
-    /// Run only the scenarios whose label contains one of these (all when empty).
+    /// Run only the scenarios tagged with every one of these (all when empty): floor, sql, worker, latency,
+    /// starvation, history, budget, processes, probe, sustained, control, priority, diamond, map10.
+    #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
+    #[arg(long)]
     profile: bool,
     /// Metrics and tracing on: a Prometheus recorder (rendered, not served) and an OpenTelemetry tracer
     /// provider whose spans go to a `tracing-opentelemetry` layer and are then dropped.
+    #[arg(long)]
     observability: bool,
     /// Finished tasks the history scenario grows.
+    #[arg(long, default_value_t = 1_000_000)]
     history_tasks: u64,
     /// Concurrency levels of the history scenario's drains.
+    #[arg(long = "history-k", value_delimiter = ',', default_values_t = [4, 16])]
     history_ks: Vec<usize>,
     /// Drains per flow and K in each phase of the history scenario (the fastest counts).
+    #[arg(long, default_value_t = 2)]
     history_repeat: usize,
     /// Tasks per drain in the history scenario.
+    #[arg(long, default_value_t = 2000)]
     history_drain_tasks: usize,
     /// Tasks per drain in the budget scenario.
+    #[arg(long, default_value_t = 2000)]
     budget_tasks: usize,
     /// Concurrency levels of the budget scenario.
+    #[arg(long = "budget-k", value_delimiter = ',', default_values_t = [1, 4])]
     budget_ks: Vec<usize>,
     /// Seconds of the sustained-load scenario (0 leaves it out of a full run; `--only sustained` alone
     /// runs it for 180 s unless this says otherwise).
+    #[arg(long, default_value_t = 0)]
     sustained_seconds: u64,
     /// The retention window of the sustained-load scenario's worker, in seconds.
+    #[arg(long, default_value_t = 5)]
     sustained_retention: u64,
     /// The processes scenario and the idle probe.
+    #[command(flatten)]
     processes: processes::Settings,
     /// Tenant A's backlog in the flow-control scenario.
+    #[arg(long, default_value_t = 2000)]
     control_backlog: usize,
     /// Seconds the schedule of the flow-control scenario fires after the tenants drained.
+    #[arg(long, default_value_t = 10)]
     control_seconds: u64,
     /// Seconds of steady high-priority load in the priority scenario.
+    #[arg(long, default_value_t = 10)]
     priority_seconds: u64,
     /// Runs per drain in the flow-control overhead part of the priority scenario.
+    #[arg(long, default_value_t = 1000)]
     priority_runs: usize,
 }
 
@@ -134,105 +157,6 @@ impl Args {
     /// Whether a scenario whose tags are `tags` runs.
     fn wants(&self, tags: &[&str]) -> bool {
         self.only.is_empty() || self.only.iter().all(|o| tags.contains(&o.as_str()))
-    }
-
-    fn parse() -> Result<Self, String> {
-        let mut args = Args {
-            seconds: 5.0,
-            tasks: 6000,
-            ks: vec![1, 4, 16],
-            latency_seconds: 8.0,
-            latency_warmup: 1.0,
-            latency_loads: vec![0.5],
-            latency_rate: None,
-            latency_starts: vec![Starts::Set],
-            only: Vec::new(),
-            profile: false,
-            observability: false,
-            history_tasks: 1_000_000,
-            history_ks: vec![4, 16],
-            history_repeat: 2,
-            history_drain_tasks: 2000,
-            budget_tasks: 2000,
-            budget_ks: vec![1, 4],
-            sustained_seconds: 0,
-            sustained_retention: 5,
-            processes: processes::Settings {
-                counts: vec![1, 4, 16],
-                handlers: 16,
-                tasks: 20000,
-                idle: Duration::from_secs(3),
-                wake_runs: 10,
-                probe_samples: 100,
-                probe_interval: Duration::from_millis(200),
-            },
-            control_backlog: 2000,
-            control_seconds: 10,
-            priority_seconds: 10,
-            priority_runs: 1000,
-        };
-        let mut it = std::env::args().skip(1);
-        while let Some(flag) = it.next() {
-            let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-            match flag.as_str() {
-                "--seconds" => args.seconds = one(&flag, &value()?)?,
-                "--tasks" => args.tasks = one(&flag, &value()?)?,
-                "--latency-load" => {
-                    args.latency_loads = list(&flag, &value()?)?;
-                    if args.latency_loads.iter().any(|l| !(*l > 0.0 && *l <= 1.0)) {
-                        return Err("--latency-load: fractions in (0, 1]".into());
-                    }
-                }
-                "--latency-seconds" => args.latency_seconds = one(&flag, &value()?)?,
-                "--latency-warmup" => args.latency_warmup = one(&flag, &value()?)?,
-                "--latency-rate" => args.latency_rate = Some(one(&flag, &value()?)?),
-                "--latency-starts" => {
-                    args.latency_starts = value()?
-                        .split(',')
-                        .map(|v| match v {
-                            "set" => Ok(Starts::Set),
-                            "each" => Ok(Starts::Each),
-                            _ => Err(format!("--latency-starts: `set` or `each`, not `{v}`")),
-                        })
-                        .collect::<Result<_, _>>()?;
-                }
-                "--k" => args.ks = list(&flag, &value()?)?,
-                "--history-tasks" => args.history_tasks = one(&flag, &value()?)?,
-                "--history-drain-tasks" => args.history_drain_tasks = one(&flag, &value()?)?,
-                "--history-repeat" => args.history_repeat = one(&flag, &value()?)?,
-                "--history-k" => args.history_ks = list(&flag, &value()?)?,
-                "--budget-tasks" => args.budget_tasks = one(&flag, &value()?)?,
-                "--budget-k" => args.budget_ks = list(&flag, &value()?)?,
-                "--sustained-seconds" => args.sustained_seconds = one(&flag, &value()?)?,
-                "--sustained-retention" => args.sustained_retention = one(&flag, &value()?)?,
-                "--processes" => args.processes.counts = list(&flag, &value()?)?,
-                "--processes-handlers" => args.processes.handlers = one(&flag, &value()?)?,
-                "--processes-tasks" => args.processes.tasks = one(&flag, &value()?)?,
-                "--processes-idle-seconds" => {
-                    args.processes.idle = Duration::from_secs_f64(one(&flag, &value()?)?)
-                }
-                "--processes-wake-runs" => args.processes.wake_runs = one(&flag, &value()?)?,
-                "--probe-samples" => args.processes.probe_samples = one(&flag, &value()?)?,
-                "--probe-interval-ms" => {
-                    args.processes.probe_interval = Duration::from_millis(one(&flag, &value()?)?)
-                }
-                "--control-backlog" => args.control_backlog = one(&flag, &value()?)?,
-                "--control-seconds" => args.control_seconds = one(&flag, &value()?)?,
-                "--priority-seconds" => args.priority_seconds = one(&flag, &value()?)?,
-                "--priority-runs" => args.priority_runs = one(&flag, &value()?)?,
-                "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
-                "--profile" => args.profile = true,
-                "--observability" => args.observability = true,
-                "-h" | "--help" => {
-                    return Err(
-                        "usage: bench [--seconds S] [--tasks N] [--k 1,4,16] [--latency-seconds S] [--latency-warmup S] [--latency-load 0.5,0.25] [--latency-rate R] [--latency-starts set,each] [--history-tasks N] [--history-k 4,16] [--history-repeat N] [--history-drain-tasks N] [--budget-tasks N] [--budget-k 1,4] [--processes 1,4,16] [--processes-handlers N] [--processes-tasks N] [--processes-idle-seconds S] [--processes-wake-runs N] [--probe-samples N] [--probe-interval-ms MS] [--sustained-seconds S] [--sustained-retention S] [--control-backlog N] [--control-seconds S] [--priority-seconds S] [--priority-runs N] [--only floor,sql,worker,latency,starvation,history,budget,processes,probe,sustained,control,priority,diamond,map10] [--profile] [--observability]"
-                            .into(),
-                    )
-                }
-                other => return Err(format!("unknown flag {other}; try --help")),
-            }
-        }
-        Ok(args)
     }
 }
 
@@ -399,13 +323,7 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = <Args as clap::Parser>::parse();
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -904,7 +822,7 @@ async fn drain(
 }
 
 /// How the latency harness starts a tick's runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Starts {
     /// One `pgflow.start_flows` call for the tick's runs.
     Set,

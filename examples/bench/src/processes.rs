@@ -70,15 +70,40 @@ pub(crate) mod probe {
 }
 
 /// Settings of both scenarios.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Settings {
+    /// Worker process counts of the processes scenario.
+    #[arg(long = "processes", value_delimiter = ',', default_values_t = [1, 4, 16])]
     pub(crate) counts: Vec<usize>,
+    /// Handlers in total, shared out among the processes.
+    #[arg(long = "processes-handlers", default_value_t = 16)]
     pub(crate) handlers: usize,
+    /// Tasks per drain.
+    #[arg(long = "processes-tasks", default_value_t = 20_000)]
     pub(crate) tasks: usize,
+    /// Seconds of idle statement counting.
+    #[arg(long = "processes-idle-seconds", value_parser = seconds, default_value = "3")]
     pub(crate) idle: Duration,
+    /// Runs arriving one at a time, 300 ms apart, for the wake-up count.
+    #[arg(long = "processes-wake-runs", default_value_t = 10)]
     pub(crate) wake_runs: usize,
+    /// Runs of the idle probe.
+    #[arg(long = "probe-samples", default_value_t = 100)]
     pub(crate) probe_samples: usize,
+    /// Milliseconds between the idle probe's runs.
+    #[arg(long = "probe-interval-ms", value_parser = millis, default_value = "200")]
     pub(crate) probe_interval: Duration,
+}
+
+fn seconds(value: &str) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(value.trim().parse().map_err(|e| format!("{e}"))?)
+        .map_err(|e| e.to_string())
+}
+
+fn millis(value: &str) -> Result<Duration, String> {
+    Ok(Duration::from_millis(
+        value.trim().parse().map_err(|e| format!("{e}"))?,
+    ))
 }
 
 /// The hidden `--worker-process` mode: one pgflow-rs worker on the diamond flow, connecting with the
