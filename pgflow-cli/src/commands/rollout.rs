@@ -3,11 +3,33 @@
 //! core's function, which holds the rule; these commands only call it and print its answer.
 
 use pgflow_runtime::admin::Admin;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::types::Json;
 use sqlx::PgPool;
 
 use crate::db::{explain, explain_admin, About};
 use crate::output::{self, Out};
+
+/// `pgflow.activate_alias`'s answer (a missing field is a decode error).
+#[derive(Debug, Deserialize, Serialize)]
+struct Activation {
+    alias: String,
+    flow_slug: String,
+    previous_flow_slug: Option<String>,
+    activated_at: String,
+    /// `false`: the alias already pointed at the version.
+    activated: bool,
+}
+
+/// A worker function's fence, as `pgflow.disable_worker_function` and `enable_worker_function` answer.
+#[derive(Debug, Deserialize, Serialize)]
+struct FunctionState {
+    function_name: String,
+    enabled: bool,
+    disabled_reason: Option<String>,
+    disabled_at: Option<String>,
+}
 
 /// `activate ALIAS VERSION`.
 pub(crate) async fn activate(
@@ -16,7 +38,7 @@ pub(crate) async fn activate(
     alias: &str,
     version: &str,
 ) -> anyhow::Result<()> {
-    let result: Value = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
+    let Json(result): Json<Activation> = sqlx::query_scalar("select pgflow.activate_alias($1, $2)")
         .bind(alias)
         .bind(version)
         .fetch_one(pool)
@@ -25,9 +47,8 @@ pub(crate) async fn activate(
     if out.json {
         return out.json(&result);
     }
-    let previous = result["previous_flow_slug"].as_str();
-    output::line(&match (result["activated"].as_bool(), previous) {
-        (Some(false), _) => format!("alias `{alias}` already points at `{version}` (nothing changed)"),
+    output::line(&match (result.activated, result.previous_flow_slug.as_deref()) {
+        (false, _) => format!("alias `{alias}` already points at `{version}` (nothing changed)"),
         (_, Some(previous)) => format!(
             "alias `{alias}` now points at `{version}` (was `{previous}`; roll back with `pgflow activate {alias} {previous}`)"
         ),
@@ -53,16 +74,18 @@ pub(crate) async fn fence(
     reason: &str,
 ) -> anyhow::Result<()> {
     let known = known_function(pool, function).await?;
-    let state: Value = sqlx::query_scalar("select pgflow.disable_worker_function($1, $2)")
-        .bind(function)
-        .bind(reason)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| explain(e, About::Nothing))?;
+    let Json(state): Json<FunctionState> =
+        sqlx::query_scalar("select pgflow.disable_worker_function($1, $2)")
+            .bind(function)
+            .bind(reason)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| explain(e, About::Nothing))?;
     if out.json {
         return out.json(&state);
     }
-    let kept = state["disabled_reason"].as_str().unwrap_or(reason);
+    // The first reason stays when the function was fenced already.
+    let kept = state.disabled_reason.as_deref().unwrap_or(reason);
     output::line(&format!(
         "worker function `{function}` is fenced ({kept}): its workers claim nothing and stop at their next \
          heartbeat; lift it with `pgflow unfence {function}`"
@@ -82,11 +105,12 @@ pub(crate) async fn unfence(pool: &PgPool, out: Out, function: &str) -> anyhow::
             "no worker function is named `{function}`; `pgflow status` lists the fenced ones"
         );
     }
-    let state: Value = sqlx::query_scalar("select pgflow.enable_worker_function($1)")
-        .bind(function)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| explain(e, About::Nothing))?;
+    let Json(state): Json<FunctionState> =
+        sqlx::query_scalar("select pgflow.enable_worker_function($1)")
+            .bind(function)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| explain(e, About::Nothing))?;
     if out.json {
         return out.json(&state);
     }
