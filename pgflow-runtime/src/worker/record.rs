@@ -113,11 +113,7 @@ impl Recorder {
         items: &[TaskResult],
     ) {
         for c in completions {
-            let item = items.iter().find(|i| {
-                i.key.run_id == c.run_id
-                    && i.key.step_slug == c.step_slug
-                    && i.key.task_index == c.task_index
-            });
+            let item = items.iter().find(|i| c.is_for(&i.key));
             let applied = c.recorded == Recorded::Applied;
             if let Some(i) = item {
                 self.metrics.on(&i.key.flow_slug, &i.key.step_slug, |m| {

@@ -82,6 +82,15 @@ pub(crate) struct Completion {
     pub(crate) current_attempt: i32,
 }
 
+impl Completion {
+    /// Whether this row is about the task of `key` (any attempt: a stale row names the current one).
+    pub(crate) fn is_for(&self, key: &TaskKey) -> bool {
+        self.run_id == key.run_id
+            && self.step_slug == key.step_slug
+            && self.task_index == key.task_index
+    }
+}
+
 /// A batch of outputs as the parallel arrays that `pgflow.complete_tasks` and `pgflow.exchange` take.
 pub(crate) struct OutputColumns<'a> {
     pub(crate) run_ids: Vec<Uuid>,
@@ -131,6 +140,36 @@ fn contains_nul(v: &Value) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_completion_row_is_matched_to_its_task_by_run_step_and_index() {
+        let key = TaskKey {
+            run_id: Uuid::new_v4(),
+            flow_slug: "f".into(),
+            step_slug: "a".into(),
+            task_index: 2,
+            msg_id: 7,
+            attempt: 1,
+        };
+        let row = |run_id, step_slug: &str, task_index| Completion {
+            run_id,
+            step_slug: step_slug.into(),
+            task_index,
+            recorded: Recorded::Stale,
+            status: TaskStatus::Started,
+            current_attempt: 2,
+        };
+        assert!(
+            row(key.run_id, "a", 2).is_for(&key),
+            "another attempt's row"
+        );
+        assert!(!row(Uuid::new_v4(), "a", 2).is_for(&key), "another run");
+        assert!(!row(key.run_id, "b", 2).is_for(&key), "another step");
+        assert!(
+            !row(key.run_id, "a", 3).is_for(&key),
+            "another task of the map"
+        );
+    }
 
     #[test]
     fn nul_characters_are_found_in_strings_and_keys_at_any_depth() {
