@@ -275,6 +275,64 @@ fn database_message(e: &sqlx::Error) -> String {
 mod tests {
     use super::*;
 
+    /// A recorder whose pool never connects (these tests touch no database).
+    fn recorder() -> Recorder {
+        Recorder {
+            metrics: Arc::new(WorkerMetrics::new("q", &["f"], &["s"])),
+            pool: sqlx::postgres::PgPoolOptions::new()
+                .connect_lazy_with(sqlx::postgres::PgConnectOptions::new()),
+            worker_id: Uuid::nil(),
+            backoff_max: Duration::from_secs(1),
+            stats: Arc::default(),
+            pending: Arc::default(),
+            pooled: false,
+        }
+    }
+
+    fn result(msg_id: i64, rooms: &Arc<tokio::sync::Semaphore>) -> TaskResult {
+        TaskResult {
+            key: TaskKey {
+                run_id: Uuid::new_v4(),
+                flow_slug: "f".into(),
+                step_slug: "s".into(),
+                task_index: 0,
+                msg_id,
+                attempt: 1,
+            },
+            outcome: Outcome::Output(serde_json::Value::Null),
+            ran_for: Duration::ZERO,
+            first_error: None,
+            _permit: Arc::clone(rooms).try_acquire_owned().expect("a free room"),
+        }
+    }
+
+    #[tokio::test]
+    async fn recorded_and_given_up_results_are_forgotten_and_free_their_rooms() {
+        let r = recorder();
+        let rooms = Arc::new(tokio::sync::Semaphore::new(3));
+        let items: Vec<TaskResult> = (1..=3).map(|id| result(id, &rooms)).collect();
+        r.pending
+            .lock()
+            .unwrap()
+            .extend(items.iter().map(|i| (i.key.msg_id, i.key.clone())));
+        let mut items = items.into_iter();
+        r.done(items.by_ref().take(2).collect());
+        assert_eq!(
+            r.pending
+                .lock()
+                .unwrap()
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![3],
+            "what is recorded leaves the list of unrecorded results that shutdown logs"
+        );
+        assert_eq!(rooms.available_permits(), 2);
+        r.give_up(items.collect(), &"database gone");
+        assert!(r.pending.lock().unwrap().is_empty());
+        assert_eq!(rooms.available_permits(), 3);
+    }
+
     #[test]
     fn error_messages_become_storable() {
         assert_eq!(storable("a\0b"), "a\\u0000b");
