@@ -307,3 +307,26 @@ async fn a_plain_worker_whose_build_lacks_a_step_with_work_in_flight_refuses_to_
     assert!(!support::is_registered(pool, id).await);
     assert_eq!(support::task(pool, run_id, "first", 0).await.0, "queued");
 }
+
+/// With `Compilation::Skip` the worker compiles nothing: a flow nobody compiled is refused by name before the
+/// worker registers (the routes check, not a failure on the first claim).
+#[tokio::test]
+async fn a_worker_that_skips_compilation_refuses_a_flow_nobody_compiled() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let worker = support::fast(Worker::<trimmed::Trimmed>::builder(pool.clone()))
+        .compilation(Compilation::Skip)
+        .build()
+        .unwrap();
+    let id = worker.id();
+    let err = worker
+        .run(CancellationToken::new())
+        .bounded()
+        .await
+        .unwrap_err();
+    let WorkerError::FlowMissing { flow_slug } = &err else {
+        panic!("expected the missing flow to be named, got {err}");
+    };
+    assert_eq!(flow_slug, "trimmedFlow");
+    assert!(!support::is_registered(pool, id).await);
+}
