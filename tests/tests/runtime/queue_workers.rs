@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use pgflow_runtime::client::start_deployed;
 use pgflow_runtime::{
-    deployment, flow, queue, worker::AliasActivation, worker::CompileStatus, worker::GapReason,
-    worker::WorkerError, Client, Deployment, FlowStep, Queue, QueueWorker, RoutesTo, Routing,
-    StepError,
+    deployment, flow, queue, worker::AliasActivation, worker::Compilation, worker::CompileStatus,
+    worker::GapReason, worker::WorkerError, Client, Deployment, FlowStep, Queue, QueueWorker,
+    RoutesTo, Routing, StepError,
 };
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -74,8 +74,9 @@ impl Deployment for Billing {
 }
 impl RoutesTo<SharedWork> for Billing {}
 
-/// Compiles deployment `D` by hand, as another deployment's worker would, without running a worker for it.
-async fn compile_named<D: Deployment>(pool: &PgPool) {
+/// Compiles deployment `D` by hand, as another deployment's worker would, without running a worker for it,
+/// activating `alias` (`D::ALIAS`, or none).
+async fn compile_named<D: Deployment>(pool: &PgPool, alias: Option<&str>) {
     let Routing::Named(route) = D::routing() else {
         panic!("a named deployment")
     };
@@ -90,7 +91,7 @@ async fn compile_named<D: Deployment>(pool: &PgPool) {
     .bind(<D::Flow as pgflow_runtime::Flow>::SLUG)
     .bind(<D::Flow as pgflow_runtime::Flow>::shape())
     .bind(Value::Array(routes))
-    .bind(D::ALIAS)
+    .bind(alias)
     .fetch_one(pool)
     .await
     .unwrap();
@@ -421,7 +422,7 @@ async fn a_task_of_a_pair_the_worker_cannot_run_arriving_after_startup_stops_it_
     assert_eq!(signup.wait(LIMIT).await.unwrap().welcome, "welcome Ada");
 
     // After the worker started, another deployment routes billing to the same queue and a run starts.
-    compile_named::<Billing>(pool).await;
+    compile_named::<Billing>(pool, Billing::ALIAS).await;
     let bill = client.start_deployed::<Billing>(&990).await.unwrap();
     let err = worker.outcome().await.unwrap_err();
     let WorkerError::Unsupported(batch) = &err else {
@@ -565,4 +566,23 @@ async fn a_run_started_by_alias_reports_its_concrete_slug_also_inside_the_caller
         .unwrap();
     assert_eq!(aliases, ["signups"]);
     worker.stop().await;
+}
+
+/// With `Compilation::Skip` the version is someone else's to deploy, and so is its alias: a worker that serves
+/// it (here, the version compiled without its alias) leaves the alias alone.
+#[tokio::test]
+async fn a_worker_that_skips_compilation_leaves_the_alias_alone() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    compile_named::<Signups>(pool, None).await;
+    let report = support::spawn_with(
+        support::fast(QueueWorker::<SharedWork>::builder(pool.clone()).serve::<Signups>())
+            .compilation(Compilation::Skip),
+    )
+    .await
+    .stop()
+    .await;
+    assert_eq!(report.deployments[0].compile_status, CompileStatus::Skipped);
+    assert_eq!(report.deployments[0].alias, AliasActivation::None);
+    assert_eq!(support::alias_target(pool, "signups").await, None);
 }
