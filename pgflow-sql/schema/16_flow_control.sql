@@ -29,11 +29,16 @@
 -- Lock order: the limit rows (queue_limits, then key_limits in (flow, step) order, FOR UPDATE) are step 6,
 -- after the claim's messages and tasks; only claims and the set_* functions lock them. The key buckets of a
 -- step are written only by a holder of that step's key_limits row, after it. The slot trigger runs where a
--- task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only.
+-- task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only; so does a claim
+-- that parks a full key's backlog (after step 6, and it never waits).
+
+-- A key at its limit does not hold up the others: when a claim holds a task because its key's slots are all
+-- taken, it parks the rest of that key's visible backlog in the same transaction (pgflow._park_key_backlog),
+-- so a large backlog of one key costs one set-based statement, not a read of each of its messages.
 --
 -- Owns: queue_limits, key_limits, key_buckets, limit_slots, parked_messages; set_queue_limit, set_key_limit,
--- clear_queue_limit, clear_key_limit; _park_seconds, _wake_parked_step, _queue_limited, _limit_admission,
--- _apply_limits, _spend_key_tokens, _free_limit_slot.
+-- clear_queue_limit, clear_key_limit; _park_seconds, _limit_key, _wake_parked_step, _queue_limited,
+-- _limit_admission, _apply_limits, _park_key_backlog, _park_scan_limit, _spend_key_tokens, _free_limit_slot.
 
 create table pgflow.queue_limits (
   queue_name text primary key,
@@ -112,6 +117,15 @@ language sql
 immutable
 set search_path = ''
 as $$ select 10 $$;
+
+-- The key of a task under its step's key limit: flow, step and the value at the limit's key_path in the run
+-- input (`p_value`; NULL, a missing key, is the key ''). A step's keys all begin with
+-- _limit_key(flow, step, ''). No SET options, so that the planner inlines it into the queries that call it.
+create function pgflow._limit_key(p_flow_slug text, p_step_slug text, p_value text)
+returns text
+language sql
+immutable parallel safe
+as $$ select p_flow_slug || '/' || p_step_slug || '/' || coalesce(p_value, '') $$;
 
 -- Sets (or replaces) the concurrency limit and the rate limit of queue `queue_name`: at most max_started of
 -- its tasks started at once (NULL: none), at most rate_limit starts per rate_period (NULL: none). Refuses a
@@ -267,7 +281,7 @@ set search_path = ''
 as $$
 declare
   v_queue text;
-  v_prefix text := p_flow_slug || '/' || p_step_slug || '/';
+  v_prefix text := pgflow._limit_key(p_flow_slug, p_step_slug, '');
   v_ids bigint[];
 begin
   select s.queue_name into v_queue from pgflow.steps s where s.flow_slug = p_flow_slug and s.step_slug = p_step_slug;
@@ -321,7 +335,7 @@ begin
     select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index, k.max_per_key, k.rate_limit,
            extract(epoch from k.rate_period)::float8 as period_secs,
            case when k.flow_slug is not null
-                then t.flow_slug || '/' || t.step_slug || '/' || coalesce(r.input #>> k.key_path, '') end as limit_key
+                then pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) end as limit_key
     from pgflow.step_tasks t
     join pgflow.runs r on r.run_id = t.run_id
     left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
@@ -394,6 +408,7 @@ declare
   v_key_tokens double precision[];
   v_admitted boolean[];
   v_hide timestamptz[];
+  v_full_keys text[];
 begin
   -- Lock order step 6: the queue's limit row, then the key limits of the batch's steps in (flow, step) order.
   select * into v_limit from pgflow.queue_limits l where l.queue_name = p_queue for update;
@@ -447,10 +462,88 @@ begin
   where not a.admitted
   on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
 
+  -- A key whose slots are all taken: the rest of its visible backlog is parked now as well, so that the next
+  -- reads reach the other keys' tasks at once instead of meeting this key's tasks batch by batch.
+  if array_position(v_admitted, false) is not null then
+    select array_agg(distinct a.slot_key) into v_full_keys
+    from unnest(v_flows, v_steps, v_slot_keys, v_admitted) as a(flow_slug, step_slug, slot_key, admitted)
+    join pgflow.key_limits k on k.flow_slug = a.flow_slug and k.step_slug = a.step_slug
+    where not a.admitted and a.slot_key is not null
+      and (select count(*) from pgflow.limit_slots s where s.limit_key = a.slot_key) >= k.max_per_key;
+    if v_full_keys is not null then
+      perform pgflow._park_key_backlog(p_queue, v_full_keys, v_ids,
+                                       v_now + make_interval(secs => pgflow._park_seconds()));
+    end if;
+  end if;
+
   return query
   select a.id, a.hide from unnest(v_ids, v_admitted, v_hide) as a(id, admitted, hide) where not a.admitted order by a.id;
 end;
 $$;
+
+-- Parks the visible messages of queue `p_queue` whose tasks belong to one of the full keys `p_keys` (every
+-- slot taken), apart from the claim's batch `p_batch`, until `p_until` (a freed slot wakes them one by one,
+-- as any parked message). Reads at most _park_scan_limit() visible messages, through the queue's vt index, so
+-- one claim's cost stays bounded; the next held task of the key parks the rest. Messages are locked with SKIP
+-- LOCKED and only while still visible: one that a claim holds, or has claimed, is left alone.
+create function pgflow._park_key_backlog(p_queue text, p_keys text[], p_batch bigint[], p_until timestamptz)
+returns void
+language plpgsql
+set search_path = ''
+set jit = off
+as $$
+declare
+  v_table text := pgmq.format_table_name(p_queue, 'q');
+  v_now timestamptz := clock_timestamp();
+  v_ids bigint[];
+  v_keys text[];
+begin
+  -- Visible as of v_now, a parameter, so that the queue's vt index finds them. No JIT: under the claims'
+  -- enable_seqscan = off its cost estimate can pass jit_above_cost, and compiling took 400 ms a call.
+  execute format($q$
+    with visible as (
+      select q.msg_id from pgmq.%1$I q
+      where q.vt <= $4 and q.msg_id <> all ($2)
+      limit pgflow._park_scan_limit()
+    ),
+    keyed as (
+      select v.msg_id, pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) as limit_key
+      from visible v
+      join pgflow.step_tasks t on t.queue_name = $1 and t.message_id = v.msg_id and t.status = 'queued'
+      join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
+      join pgflow.runs r on r.run_id = t.run_id
+    ),
+    locked as (
+      select q.msg_id from pgmq.%1$I q
+      where q.msg_id in (select kd.msg_id from keyed kd where kd.limit_key = any ($3))
+        and q.vt <= $4
+      for update skip locked
+    )
+    select array_agg(kd.msg_id order by kd.msg_id), array_agg(kd.limit_key order by kd.msg_id)
+    from keyed kd
+    join locked l on l.msg_id = kd.msg_id
+  $q$, v_table)
+  into v_ids, v_keys
+  using p_queue, p_batch, p_keys, v_now;
+  if v_ids is null then
+    return;
+  end if;
+  perform pgflow._queue_op(p_queue, 'visibility', v_ids, array_fill(p_until, array[cardinality(v_ids)]), 0);
+  insert into pgflow.parked_messages as pm (queue_name, msg_id, limit_key)
+  select p_queue, a.id, a.limit_key
+  from unnest(v_ids, v_keys) with ordinality as a(id, limit_key, ord)
+  order by a.ord
+  on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
+end;
+$$;
+
+-- The most visible messages one claim reads to park a full key's backlog.
+create function pgflow._park_scan_limit()
+returns integer
+language sql
+immutable
+set search_path = ''
+as $$ select 5000 $$;
 
 -- The key buckets after a claim's admission (the caller holds the steps' key_limits rows): each key with a
 -- rate that admitted tasks keeps its tokens minus those tasks as of `p_now`; and a few buckets of the same

@@ -1031,3 +1031,15 @@ fn print_table(
 mod chrono_like {
     pub(crate) type Ts = f64;
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Clap's own checks of the options, which a release build skips: two options with one id made the bench
+    /// refuse every command line ("required argument tasks").
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Args::command().debug_assert();
+    }
+}

@@ -73,25 +73,37 @@ pub(crate) mod probe {
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Settings {
     /// Worker process counts of the processes scenario.
-    #[arg(long = "processes", value_delimiter = ',', default_values_t = [1, 4, 16])]
+    #[arg(id = "processes_counts", long = "processes", value_delimiter = ',', default_values_t = [1, 4, 16])]
     pub(crate) counts: Vec<usize>,
     /// Handlers in total, shared out among the processes.
-    #[arg(long = "processes-handlers", default_value_t = 16)]
+    #[arg(
+        id = "processes_handlers",
+        long = "processes-handlers",
+        default_value_t = 16
+    )]
     pub(crate) handlers: usize,
     /// Tasks per drain.
-    #[arg(long = "processes-tasks", default_value_t = 20_000)]
+    #[arg(
+        id = "processes_tasks",
+        long = "processes-tasks",
+        default_value_t = 20_000
+    )]
     pub(crate) tasks: usize,
     /// Seconds of idle statement counting.
-    #[arg(long = "processes-idle-seconds", value_parser = seconds, default_value = "3")]
+    #[arg(id = "processes_idle_seconds", long = "processes-idle-seconds", value_parser = seconds, default_value = "3")]
     pub(crate) idle: Duration,
     /// Runs arriving one at a time, 300 ms apart, for the wake-up count.
-    #[arg(long = "processes-wake-runs", default_value_t = 10)]
+    #[arg(
+        id = "processes_wake_runs",
+        long = "processes-wake-runs",
+        default_value_t = 10
+    )]
     pub(crate) wake_runs: usize,
     /// Runs of the idle probe.
-    #[arg(long = "probe-samples", default_value_t = 100)]
+    #[arg(id = "probe_samples", long = "probe-samples", default_value_t = 100)]
     pub(crate) probe_samples: usize,
     /// Milliseconds between the idle probe's runs.
-    #[arg(long = "probe-interval-ms", value_parser = millis, default_value = "200")]
+    #[arg(id = "probe_interval_ms", long = "probe-interval-ms", value_parser = millis, default_value = "200")]
     pub(crate) probe_interval: Duration,
 }
 

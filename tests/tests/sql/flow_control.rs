@@ -193,18 +193,22 @@ async fn a_key_limit_bounds_each_key_without_blocking_the_others() {
         "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2)",
     )
     .await;
-    // A backlog of tenant A, then one task of tenant B and one of C behind it.
-    let mut tenants = vec!["a"; 200];
-    tenants.push("b");
-    tenants.push("c");
-    start_tenants(pool, &tenants).await;
+    // A backlog of tenant A, then one task of tenant B and one of C behind it (a second call: one call's
+    // messages need not be in the order of its inputs).
+    start_tenants(pool, &["a"; 200]).await;
+    start_tenants(pool, &["b", "c"]).await;
 
-    // Reads of 16: A's extra tasks are parked out of the way, so B and C are reached within the backlog's
-    // length in reads (no read sees a parked message again).
-    let mut claimed = Vec::new();
-    for _ in 0..14 {
-        claimed.extend(read_and_claim(pool, 16).await);
-    }
+    // The first read of 16 meets only A: two are claimed, and A's slots are then all taken, so the rest of
+    // A's backlog is parked at once, not read by claim after claim. The second read reaches B and C.
+    assert_eq!(read_and_claim(pool, 16).await.len(), 2);
+    let parked: i64 = sqlx::query_scalar(
+        "select count(*) from pgflow.parked_messages where limit_key = 'limited/work/a'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(parked, 198, "every A task but the two claimed is parked");
+    assert_eq!(read_and_claim(pool, 16).await.len(), 2);
     let per_tenant: Vec<(String, i64)> = sqlx::query_as(
         "select r.input ->> 'tenant', count(*) from pgflow.step_tasks t join pgflow.runs r using (run_id)
          where t.status = 'started' group by 1 order by 1",
@@ -234,6 +238,52 @@ async fn a_key_limit_bounds_each_key_without_blocking_the_others() {
     let next = read_and_claim(pool, 16).await;
     assert_eq!(next.len(), 1, "{next:?}");
     assert_eq!(started(pool).await, 4);
+}
+
+#[tokio::test]
+async fn parking_a_full_keys_backlog_leaves_a_message_another_session_holds() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 1)",
+    )
+    .await;
+    start_tenants(pool, &["a"; 20]).await;
+    let last: i64 = sqlx::query_scalar("select max(msg_id) from pgmq.q_limited")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    // Another session holds A's last message, as a claim in flight would.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("select 1 from pgmq.q_limited where msg_id = $1 for update")
+        .bind(last)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+
+    // The claim admits one A task, holds the other three of its read, and parks the rest of A's backlog
+    // without waiting for the held message, which it leaves alone.
+    assert_eq!(read_and_claim(pool, 4).await.len(), 1);
+    let parked: Vec<i64> = sqlx::query_scalar(
+        "select msg_id from pgflow.parked_messages where limit_key = 'limited/work/a' order by msg_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(parked.len(), 18, "{parked:?}");
+    assert!(!parked.contains(&last));
+    other.rollback().await.unwrap();
+    let visible: Vec<i64> =
+        sqlx::query_scalar("select msg_id from pgmq.q_limited where vt <= clock_timestamp()")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(visible, vec![last]);
+    // That message is read and held like any other of A.
+    assert!(read_and_claim(pool, 4).await.is_empty());
+    assert_eq!(attempts(pool).await, 1);
 }
 
 #[tokio::test]
