@@ -305,7 +305,25 @@ async fn sweep(pool: &PgPool, m: &Maintenance, batch: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{OwnBackends, Peers};
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::{sleep_or_done, OwnBackends, Peers};
+
+    /// The listener's retry sleep ends early at shutdown and says so, so that a worker whose listen
+    /// connection cannot be opened still stops at once.
+    #[tokio::test(start_paused = true)]
+    async fn the_retry_sleep_tells_whether_shutdown_came_first() {
+        let done = CancellationToken::new();
+        assert!(!sleep_or_done(Duration::from_millis(10), &done).await);
+        let cancel = done.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            cancel.cancel();
+        });
+        assert!(sleep_or_done(Duration::from_secs(3600), &done).await);
+    }
 
     #[test]
     fn workers_of_one_queue_share_the_exchanges_in_flight() {

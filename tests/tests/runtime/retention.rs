@@ -118,6 +118,46 @@ async fn a_worker_without_retention_keeps_finished_history() {
     worker.stop().await;
 }
 
+/// A sweep whose retention batch comes back full runs the next batch at once, not an interval later: seven
+/// old runs, batches of two and an hour between sweeps, and the startup sweep alone prunes them all.
+#[tokio::test]
+async fn a_sweep_repeats_full_retention_batches_until_the_old_history_is_gone() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    let first = support::spawn_with(
+        support::fast(Worker::<kept::Kept>::builder(pool.clone())).retention(None),
+    )
+    .await;
+    let mut old = Vec::new();
+    for _ in 0..7 {
+        old.push(an_hour_old_finished_run(pool).await);
+    }
+    first.stop().await;
+
+    let worker = support::spawn_with(
+        support::fast(Worker::<kept::Kept>::builder(pool.clone()))
+            .retention(Some(Duration::from_secs(60)))
+            .retention_batch(2)
+            .maintenance_interval(Some(Duration::from_secs(3600))),
+    )
+    .await;
+    pgflow_tests::wait_until(
+        LIMIT,
+        "the startup sweep to prune all seven old runs, two at a time",
+        || async {
+            let left: i64 =
+                sqlx::query_scalar("select count(*) from pgflow.runs where run_id = any ($1)")
+                    .bind(&old)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap();
+            left == 0
+        },
+    )
+    .await;
+    worker.stop().await;
+}
+
 async fn worker_stopped(pool: &PgPool, id: Uuid) -> bool {
     sqlx::query_scalar("select stopped_at is not null from pgflow.workers where worker_id = $1")
         .bind(id)
