@@ -642,6 +642,8 @@ begin
 
   delete from pgflow.task_attempts a using pgflow.runs r
     where r.flow_slug = p_flow_slug and a.run_id = r.run_id;
+  delete from pgflow.limit_slots ls using pgflow.runs r
+    where r.flow_slug = p_flow_slug and ls.run_id = r.run_id;
   delete from pgflow.step_tasks t using pgflow.runs r
     where r.flow_slug = p_flow_slug and t.run_id = r.run_id;
   delete from pgflow.step_states ss using pgflow.runs r

@@ -426,6 +426,9 @@ begin
 
   delete from pgflow.run_watchers w where w.run_id = any (v_run_ids);
   delete from pgflow.task_attempts a where a.run_id = any (v_run_ids);
+  -- A finished run's tasks hold no limit slot (each went when its task left 'started'); this only guards
+  -- against a stray one.
+  delete from pgflow.limit_slots ls where ls.run_id = any (v_run_ids);
   delete from pgflow.step_tasks t where t.run_id = any (v_run_ids);
   delete from pgflow.step_states ss where ss.run_id = any (v_run_ids);
   delete from pgflow.runs r where r.run_id = any (v_run_ids);

@@ -14,7 +14,8 @@
 -- claim, only on a queue with a limit): the limit rows are locked (serialising the claims of one limited
 -- queue), the running tasks counted from pgflow.limit_slots (one row per started task under a concurrency
 -- limit), and the batch's tasks admitted in turns by key (each key's first task, then each key's second...)
--- while slots and tokens last (pgflow._limit_admission). Admitted tasks get a slot row and are claimed. The
+-- while slots and tokens last (pgflow._limit_admission; a queue without key limits whose free slots and
+-- tokens cover the whole batch admits it without that query). Admitted tasks get a slot row and are claimed. The
 -- others are HELD: not claimed, no attempt spent, reported as 'waiting', and their messages parked
 -- (pgflow.parked_messages): hidden until a slot of their key or queue frees, when the task that held the slot
 -- leaves 'started' (trigger step_tasks_free_limit_slot makes the oldest parked message of that key, and of
@@ -85,7 +86,10 @@ create table pgflow.key_buckets (
 );
 create index idx_key_buckets_idle on pgflow.key_buckets (flow_slug, step_slug, refilled_at);
 
--- One row per started task that a limit counts; deleted when the task leaves 'started' (or is deleted).
+-- One row per started task that a limit counts; deleted when the task leaves 'started' (the trigger below),
+-- and with the task by the two paths that delete started tasks' rows (delete_flow_and_data, prune_history).
+-- No foreign key to step_tasks: its check, one query per slot taken, cost more than the slot itself. The
+-- primary key leads with the queue, so that it also counts a queue's slots.
 create table pgflow.limit_slots (
   run_id uuid not null,
   step_slug text not null,
@@ -93,11 +97,8 @@ create table pgflow.limit_slots (
   queue_name text not null,
   -- flow/step/key for a task under a key limit; NULL otherwise.
   limit_key text,
-  primary key (run_id, step_slug, task_index),
-  foreign key (run_id, step_slug, task_index) references pgflow.step_tasks (run_id, step_slug, task_index)
-    on delete cascade
+  primary key (queue_name, run_id, step_slug, task_index)
 );
-create index idx_limit_slots_queue on pgflow.limit_slots (queue_name);
 create index idx_limit_slots_key on pgflow.limit_slots (limit_key) where limit_key is not null;
 
 -- The messages of held tasks, hidden until a slot frees.
@@ -409,14 +410,17 @@ declare
   v_admitted boolean[];
   v_hide timestamptz[];
   v_full_keys text[];
+  v_keyed boolean;
 begin
-  -- Lock order step 6: the queue's limit row, then the key limits of the batch's steps in (flow, step) order.
+  -- Lock order step 6: the queue's limit row, then the key limits of the queue's steps in (flow, step) order
+  -- (all of them, which is at most a few rows, rather than finding the batch's steps through its tasks).
   select * into v_limit from pgflow.queue_limits l where l.queue_name = p_queue for update;
   perform 1 from pgflow.key_limits k
-  where (k.flow_slug, k.step_slug) in (select t.flow_slug, t.step_slug from pgflow.step_tasks t
-                                       where t.queue_name = p_queue and t.message_id = any (p_ids))
+  join pgflow.steps s on s.flow_slug = k.flow_slug and s.step_slug = k.step_slug
+  where s.queue_name = p_queue
   order by k.flow_slug, k.step_slug
   for update of k;
+  v_keyed := found;
 
   if v_limit.max_started is not null then
     select v_limit.max_started - count(*) into v_free from pgflow.limit_slots s where s.queue_name = p_queue;
@@ -427,6 +431,24 @@ begin
                       + v_limit.rate_limit * extract(epoch from v_now - coalesce(v_limit.refilled_at, v_now))
                         / extract(epoch from v_limit.rate_period));
     v_free := least(coalesce(v_free, floor(v_tokens)::bigint), floor(v_tokens)::bigint);
+  end if;
+
+  -- No key limit on the queue, and its free slots and tokens cover the whole batch: every task is admitted,
+  -- in the same writes as below without the admission query.
+  if not v_keyed and (v_free is null or v_free >= cardinality(p_ids)) then
+    if v_limit.max_started is not null then
+      insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name)
+      select t.run_id, t.step_slug, t.task_index, p_queue
+      from pgflow.step_tasks t
+      where t.queue_name = p_queue and t.message_id = any (p_ids)
+      on conflict do nothing;
+    end if;
+    delete from pgflow.parked_messages pm where pm.queue_name = p_queue and pm.msg_id = any (p_ids);
+    if v_limit.rate_limit is not null then
+      update pgflow.queue_limits l set tokens = v_tokens - cardinality(p_ids), refilled_at = v_now
+      where l.queue_name = p_queue;
+    end if;
+    return;
   end if;
 
   select array_agg(a.msg_id order by a.msg_id), array_agg(a.run_id order by a.msg_id),
@@ -592,9 +614,12 @@ declare
   v_ids bigint[];
 begin
   delete from pgflow.limit_slots s
-  where s.run_id = old.run_id and s.step_slug = old.step_slug and s.task_index = old.task_index
+  where s.queue_name = old.queue_name and s.run_id = old.run_id and s.step_slug = old.step_slug
+    and s.task_index = old.task_index
   returning * into v_slot;
-  if v_slot is null then
+  -- No slot, or nothing parked on the queue (while the limits do not bind): nothing to wake.
+  if v_slot is null
+     or not exists (select 1 from pgflow.parked_messages pm where pm.queue_name = v_slot.queue_name) then
     return null;
   end if;
   select array_agg(x.msg_id order by x.msg_id) into v_ids

@@ -151,6 +151,9 @@ struct Args {
     /// Runs per drain in the flow-control overhead part of the priority scenario.
     #[arg(long, default_value_t = 1000)]
     priority_runs: usize,
+    /// Rounds of the flow-control overhead part: each drains every control once (the median counts).
+    #[arg(long, default_value_t = 5)]
+    priority_rounds: usize,
 }
 
 impl Args {
@@ -594,7 +597,13 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // Priorities under load, and what each flow control costs.
     if args.wants(&["priority"]) {
         db.settle().await?;
-        let figures = priority::run(&db, args.priority_seconds, args.priority_runs).await;
+        let figures = priority::run(
+            &db,
+            args.priority_seconds,
+            args.priority_runs,
+            args.priority_rounds,
+        )
+        .await;
         take_figures("priority", figures, &mut rows, &mut invalid)?;
     }
 

@@ -6,8 +6,12 @@
 //! - the cost of each control: `--priority-runs` runs (four tasks each) of a keyed diamond flow drained by
 //!   one worker of 16 handlers, with no control, a queue limit, a key limit on every step (100 active keys),
 //!   a queue rate, a key rate on every step and priorities (random 0..9); limits and rates high enough never
-//!   to hold a task, so what is measured is what enforcing them costs. Each is drained twice, interleaved;
-//!   the faster drain counts.
+//!   to hold a task, so what is measured is what enforcing them costs. `--priority-rounds` rounds each drain
+//!   every control once, in an order that rotates from round to round; each control's cost in a round is
+//!   its rate against that round's drain with no control, and the median over the rounds counts (this
+//!   host's speed drifts within minutes, so drains far apart in time compare badly). Each drain starts
+//!   from a vacuumed and checkpointed database. With `--profile`,
+//!   each drain prints its function profile.
 
 use std::time::{Duration, Instant};
 
@@ -79,9 +83,10 @@ pub(crate) async fn run(
     db: &BenchDb,
     seconds: u64,
     runs: usize,
+    rounds: usize,
 ) -> Result<Vec<Figure>, BenchError> {
     let mut figures = waits(db, seconds).await?;
-    figures.extend(overhead(db, runs).await?);
+    figures.extend(overhead(db, runs, rounds).await?);
     Ok(figures)
 }
 
@@ -242,7 +247,15 @@ async fn drain_once(
     control: Control,
     runs: usize,
 ) -> Result<f64, BenchError> {
+    // Every drain starts from a vacuumed, checkpointed database, so that no drain pays for its
+    // predecessors' dead rows (autovacuum on two cores moved single drains by a third).
+    db.settle().await?;
     control.apply(db, queue, true).await?;
+    if db.profile {
+        sqlx::query("select pg_stat_reset()")
+            .execute(&db.pool)
+            .await?;
+    }
     let since: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("select clock_timestamp()")
         .fetch_one(&db.pool)
         .await?;
@@ -268,11 +281,16 @@ async fn drain_once(
     .bind(since)
     .fetch_one(&db.pool)
     .await?;
+    if db.profile {
+        let profile = db.function_profile(tasks as usize).await?;
+        println!("\n#### profile: {}\n\n{profile}", control.name());
+    }
     Ok(tasks as f64 / secs)
 }
 
-/// The cost of each control against none.
-async fn overhead(db: &BenchDb, runs: usize) -> Result<Vec<Figure>, BenchError> {
+/// The cost of each control against none: per round, each control's rate over the same round's rate with no
+/// control; the median round counts.
+async fn overhead(db: &BenchDb, runs: usize, rounds: usize) -> Result<Vec<Figure>, BenchError> {
     let stop = CancellationToken::new();
     let worker = Worker::<KeyedDiamond>::builder(db.pool.clone())
         .max_concurrent(16)
@@ -282,12 +300,15 @@ async fn overhead(db: &BenchDb, runs: usize) -> Result<Vec<Figure>, BenchError> 
         .await
         .map_err(invalid)?;
     let queue = queue_of(db, "benchKeyed").await?;
-    let mut best = [0.0_f64; Control::ALL.len()];
+    let rounds = rounds.max(1);
+    // rates[round][control]
+    let mut rates = vec![[0.0_f64; Control::ALL.len()]; rounds];
     let mut result = Ok(());
-    'rounds: for _ in 0..2 {
-        for (i, control) in Control::ALL.into_iter().enumerate() {
-            match drain_once(db, &queue, control, runs).await {
-                Ok(rate) => best[i] = best[i].max(rate),
+    'rounds: for (round, rate) in rates.iter_mut().enumerate() {
+        for k in 0..Control::ALL.len() {
+            let i = (k + round) % Control::ALL.len();
+            match drain_once(db, &queue, Control::ALL[i], runs).await {
+                Ok(r) => rate[i] = r,
                 Err(e) => {
                     result = Err(e);
                     break 'rounds;
@@ -300,15 +321,31 @@ async fn overhead(db: &BenchDb, runs: usize) -> Result<Vec<Figure>, BenchError> 
     result?;
     Ok(Control::ALL
         .into_iter()
-        .zip(best)
-        .map(|(control, rate)| Figure {
-            what: format!(
-                "keyed diamond, one worker of 16 handlers: {}",
-                control.name()
-            ),
-            value: rate,
-            unit: "tasks/s",
-            extra: format!("{:+.1}% against no control", (rate / best[0] - 1.0) * 100.0),
+        .enumerate()
+        .map(|(i, control)| {
+            let mut rate: Vec<f64> = rates.iter().map(|r| r[i]).collect();
+            rate.sort_by(f64::total_cmp);
+            let mut cost: Vec<f64> = rates.iter().map(|r| (r[i] / r[0] - 1.0) * 100.0).collect();
+            cost.sort_by(f64::total_cmp);
+            let extra = if i == 0 {
+                format!("median of {rounds} drains")
+            } else {
+                format!(
+                    "{:+.1}% against no control (median of {rounds} rounds; {:+.1}% to {:+.1}%)",
+                    percentile(&cost, 0.5),
+                    cost[0],
+                    cost[cost.len() - 1]
+                )
+            };
+            Figure {
+                what: format!(
+                    "keyed diamond, one worker of 16 handlers: {}",
+                    control.name()
+                ),
+                value: percentile(&rate, 0.5),
+                unit: "tasks/s",
+                extra,
+            }
         })
         .collect())
 }

@@ -183,6 +183,47 @@ async fn a_queue_limit_holds_the_rest_without_spending_attempts_and_a_freed_slot
     assert_eq!(read_and_claim(pool, 10).await.len(), 6);
 }
 
+async fn slots(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("select count(*) from pgflow.limit_slots")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_within_the_limits_is_admitted_whole_and_counts_against_them() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    // A queue limit of 5 and a rate of 4 an hour: a claim of 3 fits both (admitted whole, without the
+    // admission query), and still takes 3 slots and 3 tokens, so the next claim gets only the last token.
+    exec(
+        pool,
+        "select pgflow.set_queue_limit('limited', 5, rate_limit => 4, rate_period => '1 hour')",
+    )
+    .await;
+    start_tenants(pool, &["a"; 10]).await;
+    assert_eq!(read_and_claim(pool, 3).await.len(), 3);
+    assert_eq!(slots(pool).await, 3);
+    assert_eq!(read_and_claim(pool, 10).await.len(), 1);
+    assert_eq!(slots(pool).await, 4);
+    assert_eq!(started(pool).await, 4);
+    assert_eq!(attempts(pool).await, 4);
+}
+
+#[tokio::test]
+async fn deleting_a_flow_deletes_the_slots_of_its_started_tasks() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    exec(pool, "select pgflow.set_queue_limit('limited', 2)").await;
+    start_tenants(pool, &["a"; 3]).await;
+    assert_eq!(read_and_claim(pool, 3).await.len(), 2);
+    assert_eq!(slots(pool).await, 2);
+    exec(pool, "select pgflow.delete_flow_and_data('limited')").await;
+    assert_eq!(slots(pool).await, 0, "no slot outlives its task");
+}
+
 #[tokio::test]
 async fn a_key_limit_bounds_each_key_without_blocking_the_others() {
     let db = test_db().await;
