@@ -64,8 +64,8 @@
 --   requeue_dead_worker_tasks              worker rows; per last attempt: run skip, its messages skip, then
 --                                          _fail_task; others: messages skip, tasks skip
 --   prune_history                          finished runs skip; their messages (deleted, waits), attempt
---                                          history, tasks, step states, watcher rows, runs; archived messages;
---                                          worker rows skip. dry_run: none (counts only)
+--                                          history, limit slots, tasks, step states, watcher rows, runs;
+--                                          archived messages; worker rows skip. dry_run: none (counts only)
 --   _record_attempts                       none of its own: inserts history rows for tasks its caller holds
 --                                          (_fail_task's retry, stall and dead-worker requeues, release,
 --                                          resolve_stalled_task's retry, retry_run)
