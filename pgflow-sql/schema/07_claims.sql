@@ -18,10 +18,12 @@
 --   5b. `pgflow.task_attempts`, the attempt history: rows are only inserted, by a path that holds the task row
 --      it resets for another attempt (pgflow._record_attempts), and deleted with their run by prune_history and
 --      delete_flow_and_data; nobody locks or updates them, so they add no wait to the order;
---   6. flow control's limit rows (`pgflow.queue_limits`, then `pgflow.key_limits` in (flow, step) order, FOR
---      UPDATE): only a claim on a limited queue takes them, last; then the `pgflow.key_buckets` rows of those
---      steps (written only by the holder of their key_limits row); the slot trigger of a task leaving
---      'started', and a claim parking a full key's backlog, take messages with SKIP LOCKED only.
+--   6. flow control's limit rows: `pgflow.queue_limits` FOR UPDATE, then `pgflow.key_limits` in (flow, step)
+--      order (FOR SHARE by claims, FOR UPDATE by their set and clear functions), then an advisory try-lock
+--      per limit key of the batch (key space 4, never waited for): only a claim on a limited queue takes them,
+--      last; then the `pgflow.key_buckets` rows of the keys it holds (idle ones of other keys: SKIP LOCKED);
+--      the slot trigger of a task leaving 'started', and a claim parking a full key's backlog, take messages
+--      with SKIP LOCKED only.
 --
 -- A claim (pgmq.read, then claim_tasks) starts at 3: it holds the messages it read and then locks their tasks.
 -- Every other writer of a task holds that task's message first, so a claim never waits for a task row whose
@@ -42,9 +44,10 @@
 --   claim_tasks, read_and_claim_tasks,     messages (pgmq.read / lock_visible / lock_visible_ranked: skip, in
 --   start_tasks (both forms)               id or rank order; explicit ids: waits, in message-id order), then
 --                                          their tasks FOR UPDATE in message order;
---                                          on a limited queue (not start_tasks), then the limit rows, then
---                                          the key buckets of the batch's steps (_apply_limits); a full
---                                          key's visible backlog skip (_park_key_backlog)
+--                                          on a limited queue (not start_tasks), then the limit rows, the
+--                                          batch's limit keys (try only), the buckets of the keys held (idle
+--                                          ones skip) (_apply_limits); a full key's visible backlog skip
+--                                          (_park_key_backlog)
 --   set_queue_limit, set_key_limit,        the limit row (set/clear_key_limit: then its step's key buckets,
 --   clear_queue_limit, clear_key_limit     then its step's parked messages skip)
 --   trigger step_tasks_free_limit_slot     (a task leaving 'started') its slot row; parked messages skip

@@ -11,11 +11,14 @@
 --                 idle for a whole period is full, the same as no row, and is pruned by the claims)
 --
 -- How a claim enforces them (pgflow._claim_tasks calls pgflow._apply_limits for the tasks it is about to
--- claim, only on a queue with a limit): the limit rows are locked (serialising the claims of one limited
--- queue), the running tasks counted from pgflow.limit_slots (one row per started task under a concurrency
--- limit), and the batch's tasks admitted in turns by key (each key's first task, then each key's second...)
--- while slots and tokens last (pgflow._limit_admission; a queue without key limits whose free slots and
--- tokens cover the whole batch admits it without that query). Admitted tasks get a slot row and are claimed. The
+-- claim, only on a queue with a limit): the limit rows are locked (a queue limit's row serialises the claims of
+-- its queue; key limits are shared, and each key of the batch is try-locked instead, so claims of one queue
+-- with different keys run side by side), the running tasks counted from pgflow.limit_slots (one row per started
+-- task under a concurrency limit), and the batch's tasks admitted in turns by key (each key's first task, then
+-- each key's second...) while slots and tokens last (pgflow._limit_admission; a queue without key limits whose
+-- free slots and tokens cover the whole batch admits it without that query). A task whose key another claim
+-- holds at that moment is hidden for _busy_key_seconds() and read again (not parked: that claim commits within
+-- milliseconds). Admitted tasks get a slot row and are claimed. The
 -- others are HELD: not claimed, no attempt spent, reported as 'waiting', and their messages parked
 -- (pgflow.parked_messages): hidden until a slot of their key or queue frees, when the task that held the slot
 -- leaves 'started' (trigger step_tasks_free_limit_slot makes the oldest parked message of that key, and of
@@ -27,11 +30,13 @@
 -- Limits apply to the claims of pgflow-rs workers (claim_tasks, read_and_claim_tasks, exchange); upstream's
 -- start_tasks does not consult them. Tasks already started when a limit is set hold no slot.
 --
--- Lock order: the limit rows (queue_limits, then key_limits in (flow, step) order, FOR UPDATE) are step 6,
--- after the claim's messages and tasks; only claims and the set_* functions lock them. The key buckets of a
--- step are written only by a holder of that step's key_limits row, after it. The slot trigger runs where a
--- task leaves 'started' (holding that task) and takes parked messages with SKIP LOCKED only; so does a claim
--- that parks a full key's backlog (after step 6, and it never waits).
+-- Lock order: the limit rows are step 6, after the claim's messages and tasks: queue_limits FOR UPDATE, then
+-- key_limits in (flow, step) order, FOR SHARE by claims (FOR UPDATE, or changed, by set_key_limit and
+-- clear_key_limit), then per key of the batch a transaction-scoped advisory try-lock (key space 4, the key's
+-- hashtext; never waited for, so its order does not matter). A key's bucket is written only by the holder of
+-- its try-lock (or by set_key_limit, which excludes claims), and idle buckets are pruned with SKIP LOCKED. The
+-- slot trigger runs where a task leaves 'started' (holding that task) and takes parked messages with SKIP
+-- LOCKED only; so does a claim that parks a full key's backlog (after step 6, and it never waits).
 
 -- A key at its limit does not hold up the others: when a claim holds a task because its key's slots are all
 -- taken, it parks the rest of that key's visible backlog in the same transaction (pgflow._park_key_backlog),
@@ -39,7 +44,8 @@
 --
 -- Owns: queue_limits, key_limits, key_buckets, limit_slots, parked_messages; set_queue_limit, set_key_limit,
 -- clear_queue_limit, clear_key_limit; _park_seconds, _limit_key, _wake_parked_step, _queue_limited,
--- _limit_admission, _apply_limits, _park_key_backlog, _park_scan_limit, _spend_key_tokens, _free_limit_slot.
+-- _busy_key_seconds, _limit_admission, _apply_limits, _park_key_backlog, _park_scan_limit, _spend_key_tokens,
+-- _free_limit_slot.
 
 create table pgflow.queue_limits (
   queue_name text primary key,
@@ -313,16 +319,26 @@ as $$
                  where s.queue_name = p_queue)
 $$;
 
--- The admission of a claim's batch on a limited queue, one row per task behind `p_ids` (queued, their
--- messages and task rows locked by the caller, the limit rows too), in message order. The tasks of a key take
--- turns (every key's first task, then every key's second...); a task passes its key when its key has a free
--- slot (max_per_key) and a token (its bucket's tokens now, full without a row) for its turn; the queue's
--- free slots and tokens (`p_free`, NULL: unlimited) then go to the tasks that passed, in turns, so no key
--- starves the others within a batch. For each task held: until when to hide its message (a key's or the
--- queue's next slot: park_seconds, woken earlier by a freed slot; a key rate: the time its turn's token comes;
--- the queue rate alone: the next token).
-create function pgflow._limit_admission(p_queue text, p_ids bigint[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
-returns table(msg_id bigint, run_id uuid, flow_slug text, step_slug text, task_index integer, limit_key text, slot_key text, key_tokens double precision, admitted boolean, hide_until timestamptz)
+-- How long a task whose key another claim holds stays hidden (seconds): about the time that claim takes to
+-- commit. Its message then comes back to be read again; it is not parked (no slot need free for it).
+create function pgflow._busy_key_seconds()
+returns double precision
+language sql
+immutable
+set search_path = ''
+as $$ select 0.02::float8 $$;
+
+-- The admission of a claim's batch on a limited queue, one row per task of the batch (`p_ids`, queued, their
+-- messages and task rows locked by the caller, in message order, with their runs, flows, steps, task indexes
+-- and keys; `p_busy`: the key is held by another claim). The tasks of a free key take turns (every key's first
+-- task, then every key's second...); a task passes its key when its key has a free slot (max_per_key) and a
+-- token (its bucket's tokens now, full without a row) for its turn; the queue's free slots and tokens
+-- (`p_free`, NULL: unlimited) then go to the tasks that passed, in turns, so no key starves the others within a
+-- batch. For each task held: until when to hide its message (a key's or the queue's next slot: park_seconds,
+-- woken earlier by a freed slot; a key rate: the time its turn's token comes; the queue rate alone: the next
+-- token; a busy key: _busy_key_seconds).
+create function pgflow._limit_admission(p_ids bigint[], p_runs uuid[], p_flows text[], p_steps text[], p_indexes integer[], p_keys text[], p_busy boolean[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
+returns table(msg_id bigint, slot_key text, key_tokens double precision, admitted boolean, hide_until timestamptz)
 language plpgsql
 stable
 set search_path = ''
@@ -333,20 +349,16 @@ begin
   -- every call).
   return query
   with cand as (
-    select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index, k.max_per_key, k.rate_limit,
-           extract(epoch from k.rate_period)::float8 as period_secs,
-           case when k.flow_slug is not null
-                then pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) end as limit_key
-    from pgflow.step_tasks t
-    join pgflow.runs r on r.run_id = t.run_id
-    left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
-    where t.queue_name = p_queue and t.message_id = any (p_ids)
+    select b.id, b.limit_key, b.busy, k.max_per_key, k.rate_limit,
+           extract(epoch from k.rate_period)::float8 as period_secs
+    from unnest(p_ids, p_flows, p_steps, p_keys, p_busy) as b(id, flow_slug, step_slug, limit_key, busy)
+    left join pgflow.key_limits k on k.flow_slug = b.flow_slug and k.step_slug = b.step_slug
   ),
   per_key as (
     select c.*, row_number() over (partition by coalesce(c.limit_key, c.id::text) order by c.id) as turn,
-           case when c.max_per_key is not null
+           case when c.max_per_key is not null and not c.busy
                 then (select count(*) from pgflow.limit_slots s where s.limit_key = c.limit_key) end as running,
-           case when c.rate_limit is not null
+           case when c.rate_limit is not null and not c.busy
                 then coalesce((select least(c.rate_limit::float8,
                                             b.tokens + c.rate_limit * extract(epoch from p_now - b.refilled_at)::float8
                                                        / c.period_secs)
@@ -360,17 +372,18 @@ begin
     from per_key p
   ),
   ranked as (
-    select k.*, case when not (k.over_slots or k.over_rate)
-                     then row_number() over (partition by k.over_slots or k.over_rate order by k.turn, k.id) end as place
+    select k.*, case when not (k.busy or k.over_slots or k.over_rate)
+                     then row_number() over (partition by k.busy or k.over_slots or k.over_rate order by k.turn, k.id)
+                end as place
     from key_ok k
   ),
   decided as (
     select r.*, r.place is not null and (p_free is null or r.place <= p_free) as ok from ranked r
   )
-  select d.id, d.run_id, d.flow_slug, d.step_slug, d.task_index, d.limit_key,
-         case when d.max_per_key is not null then d.limit_key end, d.tokens, d.ok,
+  select d.id, case when d.max_per_key is not null then d.limit_key end, d.tokens, d.ok,
          case
            when d.ok then null
+           when d.busy then p_now + make_interval(secs => pgflow._busy_key_seconds())
            when d.over_slots then p_now + make_interval(secs => pgflow._park_seconds())
            when d.over_rate then p_now + make_interval(secs => greatest(0.05, (d.turn - d.tokens) * d.period_secs
                                                                                / d.rate_limit))
@@ -387,8 +400,9 @@ $$;
 
 -- The admission of a claim on a limited queue: of the tasks behind `p_ids` (queued, about to be claimed, their
 -- messages and task rows locked by the caller), returns the ids to HOLD and the time until which to hide each;
--- the admitted ones get a slot row (and lose any parked row) and spend their tokens. Locks the limit rows
--- (lock order step 6), then writes the key buckets of the batch's steps.
+-- the admitted ones get a slot row (and lose any parked row) and spend their tokens. Lock order step 6: the
+-- queue's limit row, the key limits of its steps (shared), then a try-lock per key of the batch; then the key
+-- buckets of the keys it holds.
 create function pgflow._apply_limits(p_queue text, p_ids bigint[])
 returns table(msg_id bigint, hide_until timestamptz)
 language plpgsql
@@ -405,6 +419,7 @@ declare
   v_steps text[];
   v_indexes integer[];
   v_keys text[];
+  v_busy boolean[];
   v_slot_keys text[];
   v_key_tokens double precision[];
   v_admitted boolean[];
@@ -412,15 +427,44 @@ declare
   v_full_keys text[];
   v_keyed boolean;
 begin
-  -- Lock order step 6: the queue's limit row, then the key limits of the queue's steps in (flow, step) order
-  -- (all of them, which is at most a few rows, rather than finding the batch's steps through its tasks).
+  -- Lock order step 6: the queue's limit row (FOR UPDATE: the claims of a queue with a queue limit take turns),
+  -- then the key limits of the queue's steps in (flow, step) order (all of them, which is at most a few rows),
+  -- FOR SHARE: claims do not wait for each other there, set_key_limit and clear_key_limit wait for them.
   select * into v_limit from pgflow.queue_limits l where l.queue_name = p_queue for update;
   perform 1 from pgflow.key_limits k
   join pgflow.steps s on s.flow_slug = k.flow_slug and s.step_slug = k.step_slug
   where s.queue_name = p_queue
   order by k.flow_slug, k.step_slug
-  for update of k;
+  for share of k;
   v_keyed := found;
+
+  -- The batch in message order. Under key limits, each task's key, and the end of step 6: a try-lock per key
+  -- (advisory key space 4, held to commit, never waited for). A key another claim holds is BUSY: its tasks are
+  -- held for _busy_key_seconds(), neither counted nor parked; the keys this claim holds are counted in the
+  -- statements below, which see every claim of the key that committed before the lock was taken.
+  if v_keyed then
+    select array_agg(c.id order by c.id), array_agg(c.run_id order by c.id), array_agg(c.flow_slug order by c.id),
+           array_agg(c.step_slug order by c.id), array_agg(c.task_index order by c.id),
+           array_agg(c.limit_key order by c.id),
+           array_agg(c.limit_key is not null and not pg_try_advisory_xact_lock(4, hashtext(c.limit_key)) order by c.id)
+    into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_busy
+    from (
+      select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index,
+             case when k.flow_slug is not null
+                  then pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) end as limit_key
+      from pgflow.step_tasks t
+      join pgflow.runs r on r.run_id = t.run_id
+      left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
+      where t.queue_name = p_queue and t.message_id = any (p_ids)
+    ) c;
+  else
+    select array_agg(t.message_id order by t.message_id), array_agg(t.run_id order by t.message_id),
+           array_agg(t.flow_slug order by t.message_id), array_agg(t.step_slug order by t.message_id),
+           array_agg(t.task_index order by t.message_id)
+    into v_ids, v_runs, v_flows, v_steps, v_indexes
+    from pgflow.step_tasks t
+    where t.queue_name = p_queue and t.message_id = any (p_ids);
+  end if;
 
   if v_limit.max_started is not null then
     select v_limit.max_started - count(*) into v_free from pgflow.limit_slots s where s.queue_name = p_queue;
@@ -433,31 +477,18 @@ begin
     v_free := least(coalesce(v_free, floor(v_tokens)::bigint), floor(v_tokens)::bigint);
   end if;
 
-  -- No key limit on the queue, and its free slots and tokens cover the whole batch: every task is admitted,
-  -- in the same writes as below without the admission query.
-  if not v_keyed and (v_free is null or v_free >= cardinality(p_ids)) then
-    if v_limit.max_started is not null then
-      insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name)
-      select t.run_id, t.step_slug, t.task_index, p_queue
-      from pgflow.step_tasks t
-      where t.queue_name = p_queue and t.message_id = any (p_ids)
-      on conflict do nothing;
-    end if;
-    delete from pgflow.parked_messages pm where pm.queue_name = p_queue and pm.msg_id = any (p_ids);
-    if v_limit.rate_limit is not null then
-      update pgflow.queue_limits l set tokens = v_tokens - cardinality(p_ids), refilled_at = v_now
-      where l.queue_name = p_queue;
-    end if;
-    return;
+  if not v_keyed and (v_free is null or v_free >= cardinality(v_ids)) then
+    -- No key limit on the queue, and its free slots and tokens cover the whole batch: every task is admitted
+    -- without the admission query.
+    v_admitted := array_fill(true, array[cardinality(v_ids)]);
+  else
+    select array_agg(a.slot_key order by a.msg_id), array_agg(a.key_tokens order by a.msg_id),
+           array_agg(a.admitted order by a.msg_id), array_agg(a.hide_until order by a.msg_id)
+    into v_slot_keys, v_key_tokens, v_admitted, v_hide
+    from pgflow._limit_admission(v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys,
+                                 coalesce(v_busy, array_fill(false, array[cardinality(v_ids)])),
+                                 v_limit, v_free, v_tokens, v_now) a;
   end if;
-
-  select array_agg(a.msg_id order by a.msg_id), array_agg(a.run_id order by a.msg_id),
-         array_agg(a.flow_slug order by a.msg_id), array_agg(a.step_slug order by a.msg_id),
-         array_agg(a.task_index order by a.msg_id), array_agg(a.limit_key order by a.msg_id),
-         array_agg(a.slot_key order by a.msg_id), array_agg(a.key_tokens order by a.msg_id),
-         array_agg(a.admitted order by a.msg_id), array_agg(a.hide_until order by a.msg_id)
-  into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_slot_keys, v_key_tokens, v_admitted, v_hide
-  from pgflow._limit_admission(p_queue, p_ids, v_limit, v_free, v_tokens, v_now) a;
 
   insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name, limit_key)
   select a.run_id, a.step_slug, a.task_index, p_queue, a.slot_key
@@ -475,27 +506,31 @@ begin
         refilled_at = v_now
     where l.queue_name = p_queue;
   end if;
-  perform pgflow._spend_key_tokens(v_flows, v_steps, v_keys, v_key_tokens, v_admitted, v_now);
+  if v_keyed then
+    perform pgflow._spend_key_tokens(v_flows, v_steps, v_keys, v_key_tokens, v_admitted, v_now);
+  end if;
 
-  -- Held ones: parked until a slot frees or their token comes.
+  if array_position(v_admitted, false) is null then
+    return;
+  end if;
+
+  -- Held ones: parked until a slot frees or their token comes (not those of a busy key).
   insert into pgflow.parked_messages as pm (queue_name, msg_id, limit_key)
   select p_queue, a.id, a.limit_key
-  from unnest(v_ids, v_keys, v_admitted) as a(id, limit_key, admitted)
-  where not a.admitted
+  from unnest(v_ids, v_keys, v_admitted, v_busy) as a(id, limit_key, admitted, busy)
+  where not a.admitted and a.busy is not true
   on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
 
   -- A key whose slots are all taken: the rest of its visible backlog is parked now as well, so that the next
   -- reads reach the other keys' tasks at once instead of meeting this key's tasks batch by batch.
-  if array_position(v_admitted, false) is not null then
-    select array_agg(distinct a.slot_key) into v_full_keys
-    from unnest(v_flows, v_steps, v_slot_keys, v_admitted) as a(flow_slug, step_slug, slot_key, admitted)
-    join pgflow.key_limits k on k.flow_slug = a.flow_slug and k.step_slug = a.step_slug
-    where not a.admitted and a.slot_key is not null
-      and (select count(*) from pgflow.limit_slots s where s.limit_key = a.slot_key) >= k.max_per_key;
-    if v_full_keys is not null then
-      perform pgflow._park_key_backlog(p_queue, v_full_keys, v_ids,
-                                       v_now + make_interval(secs => pgflow._park_seconds()));
-    end if;
+  select array_agg(distinct a.slot_key) into v_full_keys
+  from unnest(v_flows, v_steps, v_slot_keys, v_admitted) as a(flow_slug, step_slug, slot_key, admitted)
+  join pgflow.key_limits k on k.flow_slug = a.flow_slug and k.step_slug = a.step_slug
+  where not a.admitted and a.slot_key is not null
+    and (select count(*) from pgflow.limit_slots s where s.limit_key = a.slot_key) >= k.max_per_key;
+  if v_full_keys is not null then
+    perform pgflow._park_key_backlog(p_queue, v_full_keys, v_ids,
+                                     v_now + make_interval(secs => pgflow._park_seconds()));
   end if;
 
   return query
@@ -567,10 +602,11 @@ immutable
 set search_path = ''
 as $$ select 5000 $$;
 
--- The key buckets after a claim's admission (the caller holds the steps' key_limits rows): each key with a
--- rate that admitted tasks keeps its tokens minus those tasks as of `p_now`; and a few buckets of the same
--- steps idle for a whole period (full again, the same as no row) are deleted, so the table holds about the
--- keys active within the last period.
+-- The key buckets after a claim's admission (the caller holds the steps' key_limits rows, shared, and the
+-- try-locks of the admitted tasks' keys): each key with a rate that admitted tasks keeps its tokens minus those
+-- tasks as of `p_now`; and a few buckets of the same steps idle for a whole period (full again, the same as no
+-- row) are deleted, skipping any that another claim has locked, so the table holds about the keys active within
+-- the last period.
 create function pgflow._spend_key_tokens(p_flows text[], p_steps text[], p_keys text[], p_tokens double precision[], p_admitted boolean[], p_now timestamptz)
 returns void
 language plpgsql
@@ -597,7 +633,8 @@ begin
     cross join lateral (select x.limit_key from pgflow.key_buckets x
                         where x.flow_slug = s.flow_slug and x.step_slug = s.step_slug
                           and x.refilled_at < p_now - k.rate_period
-                        limit 32) i);
+                        limit 32
+                        for update skip locked) i);
 end;
 $$;
 

@@ -328,6 +328,76 @@ async fn parking_a_full_keys_backlog_leaves_a_message_another_session_holds() {
 }
 
 #[tokio::test]
+async fn a_claim_does_not_wait_for_another_claim_of_the_same_key_and_takes_the_other_keys() {
+    let db = test_db().await;
+    let pool = db.pool();
+    flow(pool).await;
+    exec(
+        pool,
+        "select pgflow.set_key_limit('limited', 'work', '{tenant}', 2)",
+    )
+    .await;
+    start_tenants(pool, &["a"]).await;
+    start_tenants(pool, &["a", "b"]).await;
+    register_worker(pool).await;
+
+    // A claim in flight: it has taken A's first task and not committed yet, so it holds key A.
+    let mut first = pool.begin().await.unwrap();
+    let claimed: Vec<i64> = sqlx::query_scalar(
+        "select msg_id from pgflow.read_and_claim_tasks('limited', 1, 30, $1, array['limited'], array['work'])
+         where outcome = 'claimed'",
+    )
+    .bind(WORKER)
+    .fetch_all(&mut *first)
+    .await
+    .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    // A second claim meanwhile does not wait for it: it takes B's task, and holds A's second task briefly
+    // (not parked, no attempt spent) although A has a free slot, since it cannot count A's slots now.
+    let second = tokio::time::timeout(std::time::Duration::from_secs(10), read_and_claim(pool, 10))
+        .await
+        .expect("the second claim waited for the first");
+    assert_eq!(second.len(), 1, "{second:?}");
+    let tenant: String =
+        sqlx::query_scalar("select input ->> 'tenant' from pgflow.runs where run_id = $1")
+            .bind(second[0].0)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(tenant, "b");
+    let parked: i64 = sqlx::query_scalar("select count(*) from pgflow.parked_messages")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(parked, 0, "a task of a busy key is not parked");
+    let back_in: f64 = sqlx::query_scalar(
+        "select extract(epoch from q.vt - clock_timestamp())::float8 from pgmq.q_limited q
+         join pgflow.step_tasks t on t.queue_name = 'limited' and t.message_id = q.msg_id
+         where t.status = 'queued'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert!(back_in < 1.0, "A's second task comes back in {back_in} s");
+
+    // Once the first claim commits, A's second task is read again and admitted: A then runs 2 of its 2.
+    first.commit().await.unwrap();
+    let mut again = Vec::new();
+    for _ in 0..100 {
+        again = read_and_claim(pool, 10).await;
+        if !again.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(started(pool).await, 3);
+    assert_eq!(attempts(pool).await, 3);
+    assert_eq!(slots(pool).await, 3);
+}
+
+#[tokio::test]
 async fn a_rate_limit_admits_at_most_its_tokens_and_refills() {
     let db = test_db().await;
     let pool = db.pool();
@@ -372,16 +442,18 @@ async fn db_now(pool: &PgPool) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// Makes every message visible (as if any hold had ended), then four sessions claim at once, again and again,
-/// until no message is visible: every message read is either claimed or held (hidden again), so each round
-/// reaches further.
+/// until no message comes back within a second: every message read is either claimed or held (hidden again),
+/// so each round reaches further. A task whose key another of the four claims held at that moment is hidden
+/// for only milliseconds, and read again.
 async fn drain_with_four_claimers(pool: &PgPool) {
     make_visible(pool, "limited").await;
     loop {
-        let visible: i64 =
-            sqlx::query_scalar("select count(*) from pgmq.q_limited where vt <= clock_timestamp()")
-                .fetch_one(pool)
-                .await
-                .unwrap();
+        let visible: i64 = sqlx::query_scalar(
+            "select count(*) from pgmq.q_limited where vt <= clock_timestamp() + interval '1 second'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
         if visible == 0 {
             return;
         }
