@@ -380,7 +380,7 @@ begin
   decided as (
     select r.*, r.place is not null and (p_free is null or r.place <= p_free) as ok from ranked r
   )
-  select d.id, case when d.max_per_key is not null then d.limit_key end, d.tokens, d.ok,
+  select d.id, case when d.max_per_key is not null and not d.busy then d.limit_key end, d.tokens, d.ok,
          case
            when d.ok then null
            when d.busy then p_now + make_interval(secs => pgflow._busy_key_seconds())
@@ -464,6 +464,9 @@ begin
     into v_ids, v_runs, v_flows, v_steps, v_indexes
     from pgflow.step_tasks t
     where t.queue_name = p_queue and t.message_id = any (p_ids);
+  end if;
+  if v_ids is null then
+    return;
   end if;
 
   if v_limit.max_started is not null then
