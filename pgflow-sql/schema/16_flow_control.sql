@@ -329,15 +329,15 @@ set search_path = ''
 as $$ select 0.02::float8 $$;
 
 -- The admission of a claim's batch on a limited queue, one row per task of the batch (`p_ids`, queued, their
--- messages and task rows locked by the caller, in message order, with their runs, flows, steps, task indexes
--- and keys; `p_busy`: the key is held by another claim). The tasks of a free key take turns (every key's first
+-- messages and task rows locked by the caller, in message order, with their flows, steps and keys; `p_busy`:
+-- the key is held by another claim). The tasks of a free key take turns (every key's first
 -- task, then every key's second...); a task passes its key when its key has a free slot (max_per_key) and a
 -- token (its bucket's tokens now, full without a row) for its turn; the queue's free slots and tokens
 -- (`p_free`, NULL: unlimited) then go to the tasks that passed, in turns, so no key starves the others within a
 -- batch. For each task held: until when to hide its message (a key's or the queue's next slot: park_seconds,
 -- woken earlier by a freed slot; a key rate: the time its turn's token comes; the queue rate alone: the next
 -- token; a busy key: _busy_key_seconds).
-create function pgflow._limit_admission(p_ids bigint[], p_runs uuid[], p_flows text[], p_steps text[], p_indexes integer[], p_keys text[], p_busy boolean[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
+create function pgflow._limit_admission(p_ids bigint[], p_flows text[], p_steps text[], p_keys text[], p_busy boolean[], p_limit pgflow.queue_limits, p_free bigint, p_queue_tokens double precision, p_now timestamptz)
 returns table(msg_id bigint, slot_key text, key_tokens double precision, admitted boolean, hide_until timestamptz)
 language plpgsql
 stable
@@ -438,33 +438,26 @@ begin
   for share of k;
   v_keyed := found;
 
-  -- The batch in message order. Under key limits, each task's key, and the end of step 6: a try-lock per key
-  -- (advisory key space 4, held to commit, never waited for). A key another claim holds is BUSY: its tasks are
-  -- held for _busy_key_seconds(), neither counted nor parked; the keys this claim holds are counted in the
+  -- The batch in message order, with each task's key under a key limit, and the end of step 6: a try-lock per
+  -- key (advisory key space 4, held to commit, never waited for). A key another claim holds is BUSY: its tasks
+  -- are held for _busy_key_seconds(), neither counted nor parked; the keys this claim holds are counted in the
   -- statements below, which see every claim of the key that committed before the lock was taken.
-  if v_keyed then
-    select array_agg(c.id order by c.id), array_agg(c.run_id order by c.id), array_agg(c.flow_slug order by c.id),
-           array_agg(c.step_slug order by c.id), array_agg(c.task_index order by c.id),
-           array_agg(c.limit_key order by c.id),
-           array_agg(c.limit_key is not null and not pg_try_advisory_xact_lock(4, hashtext(c.limit_key)) order by c.id)
-    into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_busy
-    from (
-      select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index,
-             case when k.flow_slug is not null
-                  then pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) end as limit_key
-      from pgflow.step_tasks t
-      join pgflow.runs r on r.run_id = t.run_id
-      left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
-      where t.queue_name = p_queue and t.message_id = any (p_ids)
-    ) c;
-  else
-    select array_agg(t.message_id order by t.message_id), array_agg(t.run_id order by t.message_id),
-           array_agg(t.flow_slug order by t.message_id), array_agg(t.step_slug order by t.message_id),
-           array_agg(t.task_index order by t.message_id)
-    into v_ids, v_runs, v_flows, v_steps, v_indexes
+  select array_agg(c.id order by c.id), array_agg(c.run_id order by c.id), array_agg(c.flow_slug order by c.id),
+         array_agg(c.step_slug order by c.id), array_agg(c.task_index order by c.id),
+         array_agg(c.limit_key order by c.id),
+         array_agg(case when c.limit_key is null then false
+                        else not pg_try_advisory_xact_lock(4, hashtext(c.limit_key)) end order by c.id)
+  into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_busy
+  from (
+    select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index,
+           case when k.flow_slug is not null
+                then pgflow._limit_key(t.flow_slug, t.step_slug,
+                                       (select r.input #>> k.key_path from pgflow.runs r where r.run_id = t.run_id))
+           end as limit_key
     from pgflow.step_tasks t
-    where t.queue_name = p_queue and t.message_id = any (p_ids);
-  end if;
+    left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
+    where t.queue_name = p_queue and t.message_id = any (p_ids)
+  ) c;
   if v_ids is null then
     return;
   end if;
@@ -488,9 +481,7 @@ begin
     select array_agg(a.slot_key order by a.msg_id), array_agg(a.key_tokens order by a.msg_id),
            array_agg(a.admitted order by a.msg_id), array_agg(a.hide_until order by a.msg_id)
     into v_slot_keys, v_key_tokens, v_admitted, v_hide
-    from pgflow._limit_admission(v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys,
-                                 coalesce(v_busy, array_fill(false, array[cardinality(v_ids)])),
-                                 v_limit, v_free, v_tokens, v_now) a;
+    from pgflow._limit_admission(v_ids, v_flows, v_steps, v_keys, v_busy, v_limit, v_free, v_tokens, v_now) a;
   end if;
 
   insert into pgflow.limit_slots (run_id, step_slug, task_index, queue_name, limit_key)
@@ -521,7 +512,7 @@ begin
   insert into pgflow.parked_messages as pm (queue_name, msg_id, limit_key)
   select p_queue, a.id, a.limit_key
   from unnest(v_ids, v_keys, v_admitted, v_busy) as a(id, limit_key, admitted, busy)
-  where not a.admitted and a.busy is not true
+  where not a.admitted and not a.busy
   on conflict on constraint parked_messages_pkey do update set parked_at = excluded.parked_at;
 
   -- A key whose slots are all taken: the rest of its visible backlog is parked now as well, so that the next
