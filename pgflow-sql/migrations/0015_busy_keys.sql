@@ -127,6 +127,7 @@ begin
   into v_ids, v_runs, v_flows, v_steps, v_indexes, v_keys, v_busy
   from (
     select t.message_id as id, t.run_id, t.flow_slug, t.step_slug, t.task_index,
+           -- The run's input is looked up only for a task under a key limit (a subplan of this branch).
            case when k.flow_slug is not null
                 then pgflow._limit_key(t.flow_slug, t.step_slug,
                                        (select r.input #>> k.key_path from pgflow.runs r where r.run_id = t.run_id))
