@@ -139,17 +139,33 @@ pub struct TenantJob {
     pub tenant: String,
 }
 
+/// When a handler call of `limitedWork` ran, by the worker's clock: what flow-control tests count.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Call {
+    /// The tenant of the run.
+    pub tenant: String,
+    /// When the handler began.
+    pub began: chrono::DateTime<chrono::Utc>,
+    /// When the handler ended.
+    pub ended: chrono::DateTime<chrono::Utc>,
+}
+
 /// A one-step flow whose handler takes a while, so that unlimited workers would overlap: the
 /// `schedule_worker limited` binary serves it under the limits a test sets.
 #[pgflow_runtime::flow(slug = "limitedWork", input = TenantJob)]
 pub mod limited_work {
-    use super::TenantJob;
+    use super::{Call, TenantJob};
     use pgflow_runtime::StepError;
 
-    /// Sleeps 100 ms and returns the tenant.
+    /// Sleeps 100 ms and returns the tenant and when it ran.
     #[step]
-    async fn work(job: TenantJob) -> Result<String, StepError> {
+    async fn work(job: TenantJob) -> Result<Call, StepError> {
+        let began = chrono::Utc::now();
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        Ok(job.tenant)
+        Ok(Call {
+            tenant: job.tenant,
+            began,
+            ended: chrono::Utc::now(),
+        })
     }
 }

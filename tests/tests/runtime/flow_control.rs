@@ -1,6 +1,9 @@
 //! Flow control across worker processes: two `schedule_worker limited` processes (8 handler slots each) run
-//! `limitedWork` under limits set in the database. What ran when is read back from the task rows
-//! (started_at, completed_at): the database's own record of every handler call.
+//! `limitedWork` under limits set in the database. What ran when is read back from the outputs: each
+//! handler call reports when it began and ended by the worker's clock (both processes run on this host).
+//! A call runs inside its task's slot, which is taken when the claim commits and freed when the output is
+//! recorded, so calls can overlap no more than slots. The task rows' own times cannot show this:
+//! `started_at` is the claim transaction's start, which may come before a slot freed by another commit.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -85,12 +88,12 @@ async fn wait_all_completed(pool: &PgPool, n: i64, limit: Duration) {
     .await;
 }
 
-/// (tenant, started_at, completed_at) of every task, by start.
+/// (tenant, began, ended) of every recorded handler call, by start.
 async fn calls(pool: &PgPool) -> Vec<(String, DateTime<Utc>, DateTime<Utc>)> {
     sqlx::query_as(
-        "select r.input ->> 'tenant', t.started_at, t.completed_at
-         from pgflow.step_tasks t join pgflow.runs r using (run_id)
-         where t.flow_slug = 'limitedWork' order by t.started_at",
+        "select t.output ->> 'tenant', (t.output ->> 'began')::timestamptz, (t.output ->> 'ended')::timestamptz
+         from pgflow.step_tasks t
+         where t.flow_slug = 'limitedWork' and t.status = 'completed' order by 2",
     )
     .fetch_all(pool)
     .await
