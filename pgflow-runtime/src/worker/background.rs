@@ -131,29 +131,45 @@ impl Peers {
 /// `pgflow._signal_queues` in `pgflow-sql/schema/03_events.sql`).
 const QUEUE_SIGNAL: &str = "pgflow_queue_signal";
 
-/// The server processes of a worker's exchanges. A signal sent by the worker's own exchange is about
-/// tasks that exchange has just claimed (or left for later claims it makes anyway): waking for it would
-/// only spend a round trip on an empty claim. Other workers of the queue still wake for it.
-#[derive(Clone, Default)]
-pub(crate) struct OwnBackends(Arc<Mutex<Vec<u32>>>);
+/// The server processes behind the connections the worker's driver holds (in an exchange, or kept for the
+/// next one). A signal sent by one of them is the worker's own exchange's: about tasks that exchange has just
+/// claimed (or left for later claims it makes anyway), so waking for it would only spend a round trip on an
+/// empty claim. Other workers of the queue still wake for it. A connection handed back to the pool is
+/// forgotten at once: another client of the pool (a client starting runs, say) may send from it next.
+///
+/// Behind a transaction pooler a server process serves every client in turn, so nothing is remembered there
+/// and every signal wakes the worker.
+#[derive(Clone)]
+pub(crate) struct OwnBackends(Option<Arc<Mutex<Vec<u32>>>>);
 
 impl OwnBackends {
-    /// Connections come and go with the pool: only the most recent few are remembered.
-    const KEEP: usize = 16;
+    /// Remembers the driver's server processes, unless `pooled` (behind a transaction pooler).
+    pub(crate) fn new(pooled: bool) -> Self {
+        Self((!pooled).then(Arc::default))
+    }
 
-    pub(crate) fn add(&self, pid: u32) {
-        let mut pids = self.0.lock().expect("backend list lock");
-        if !pids.contains(&pid) {
-            if pids.len() == Self::KEEP {
-                pids.remove(0);
-            }
-            pids.push(pid);
+    /// The driver holds a connection to server process `pid`.
+    pub(crate) fn hold(&self, pid: u32) {
+        if let Some(pids) = &self.0 {
+            pids.lock().expect("backend list lock").push(pid);
         }
     }
 
-    /// Whether `pid` ran one of this worker's exchanges.
+    /// The driver let go of its connection to `pid`.
+    pub(crate) fn release(&self, pid: u32) {
+        if let Some(pids) = &self.0 {
+            let mut pids = pids.lock().expect("backend list lock");
+            if let Some(i) = pids.iter().position(|p| *p == pid) {
+                pids.swap_remove(i);
+            }
+        }
+    }
+
+    /// Whether the driver holds a connection to `pid`.
     pub(crate) fn contains(&self, pid: u32) -> bool {
-        self.0.lock().expect("backend list lock").contains(&pid)
+        self.0
+            .as_ref()
+            .is_some_and(|pids| pids.lock().expect("backend list lock").contains(&pid))
     }
 }
 
@@ -339,18 +355,19 @@ mod tests {
     }
 
     #[test]
-    fn own_backends_remember_the_most_recent_distinct_pids() {
-        let own = OwnBackends::default();
-        own.add(1);
-        own.add(1);
-        assert!(own.contains(1));
-        // A repeated pid takes no place: 1 and 15 more fit.
-        for pid in 2..=u32::try_from(OwnBackends::KEEP).unwrap() {
-            own.add(pid);
-        }
-        assert!(own.contains(1) && own.contains(16));
-        // The next one pushes out the oldest.
-        own.add(100);
-        assert!(!own.contains(1) && own.contains(2) && own.contains(100));
+    fn own_backends_are_those_held_until_released() {
+        let own = OwnBackends::new(false);
+        own.hold(1);
+        own.hold(2);
+        assert!(own.contains(1) && own.contains(2) && !own.contains(3));
+        own.release(1);
+        assert!(!own.contains(1) && own.contains(2));
+    }
+
+    #[test]
+    fn behind_a_transaction_pooler_no_backend_is_the_workers_own() {
+        let own = OwnBackends::new(true);
+        own.hold(1);
+        assert!(!own.contains(1));
     }
 }

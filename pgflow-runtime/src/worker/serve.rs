@@ -92,7 +92,7 @@ pub(crate) async fn serve(
     } = ready;
     let stats = Arc::new(Stats::default());
     let wake = Arc::new(Notify::new());
-    let own = OwnBackends::default();
+    let own = OwnBackends::new(config.pooling.is_transaction());
     let peers = Peers::default();
 
     // Claiming stops when `stop` fires: shutdown, deprecation, a disabled function, a fatal claim.

@@ -537,3 +537,127 @@ async fn one_maintenance_sweep_prunes_finished_history_in_as_many_batches_as_it_
     .await;
     worker.stop().await;
 }
+
+static HOLD_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+#[flow(slug = "signalFlow", input = String)]
+mod signalled {
+    use super::*;
+
+    /// `hold` waits for the test; anything else returns at once.
+    #[step]
+    async fn work(what: String) -> Result<String, StepError> {
+        if what == "hold" {
+            let _permit = HOLD_GATE.acquire().await;
+        }
+        Ok(what)
+    }
+}
+
+/// A worker that polls only every ten minutes: within the test, only a queue signal makes it claim.
+fn deaf<K>(
+    b: pgflow_runtime::worker::WorkerBuilder<K>,
+) -> pgflow_runtime::worker::WorkerBuilder<K> {
+    support::fast(b)
+        .poll_interval(Duration::from_secs(600))
+        .max_poll_wait(Duration::from_secs(600))
+        .max_concurrent(4)
+}
+
+#[tokio::test]
+async fn a_signal_that_arrives_while_a_claim_is_in_flight_makes_the_worker_claim_again() {
+    let db = pgflow_tests::test_db().await;
+    let pool = db.pool();
+    // The claim of the `hold` run's task stops inside its transaction (after it read the queue) until the
+    // test lets go of advisory lock 4242.
+    pool.execute(
+        r#"create function public.hold_claim() returns trigger language plpgsql as $$
+           begin
+             if (select r.input from pgflow.runs r where r.run_id = new.run_id) = '"hold"' then
+               perform pg_advisory_xact_lock_shared(4242);
+             end if;
+             return null;
+           end $$;
+           create trigger hold_claim after update of status on pgflow.step_tasks
+           for each row when (new.status = 'started') execute function public.hold_claim();"#,
+    )
+    .await
+    .unwrap();
+    let mut gate = pool.acquire().await.unwrap();
+    sqlx::query("select pg_advisory_lock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let worker = support::spawn_with(deaf(
+        pgflow_runtime::Worker::<signalled::Signalled>::builder(pool.clone()),
+    ))
+    .await;
+    let client = Client::new(pool.clone());
+    let held = client
+        .start::<signalled::Signalled>(&"hold".to_owned())
+        .await
+        .unwrap();
+    pgflow_tests::wait_until(
+        LIMIT,
+        "the claim to wait inside its transaction",
+        || async {
+            sqlx::query_scalar::<_, bool>(
+            "select exists (select 1 from pg_locks where locktype = 'advisory' and objid = 4242 \
+             and not granted)",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+        },
+    )
+    .await;
+    // This run's task is committed after the claim in flight read the queue; its signal reaches the worker
+    // while that claim is still open. Nothing in the database shows when the worker has taken the signal:
+    // the pause gives it ample time (a shorter one could only let a worker that loses the signal pass).
+    let next = client
+        .start::<signalled::Signalled>(&"go".to_owned())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query("select pg_advisory_unlock(4242)")
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    // The claim comes back with one task of the four it asked for; the signal that came meanwhile still
+    // makes the worker claim again.
+    assert_eq!(
+        next.wait(LIMIT)
+            .await
+            .expect("claimed after the signal")
+            .work,
+        "go"
+    );
+    HOLD_GATE.add_permits(1);
+    assert_eq!(held.wait(LIMIT).await.unwrap().work, "hold");
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_started_through_the_workers_own_pool_wakes_it() {
+    let db = pgflow_tests::test_db().await;
+    // One connection: the client's start runs on the very server process of the worker's last exchange.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(db.options())
+        .await
+        .unwrap();
+    let worker = support::spawn_with(deaf(
+        pgflow_runtime::Worker::<signalled::Signalled>::builder(pool.clone()),
+    ))
+    .await;
+    // The runs are started with the pool's one connection and watched on another pool.
+    for what in ["first", "second"] {
+        let run = pgflow_tests::state::start(&pool, "signalFlow", json!(what)).await;
+        assert_eq!(support::wait_finished(db.pool(), run).await, "completed");
+        assert_eq!(
+            support::run_output(db.pool(), run).await,
+            Some(json!({"work": what}))
+        );
+    }
+    worker.stop().await;
+}

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::PgPool;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
-use super::{DriverLoop, Fatal, ACTIVE_FOR, MAX_SPARE};
+use super::{DriverLoop, Fatal, Held, ACTIVE_FOR, MAX_SPARE};
+use crate::worker::background::OwnBackends;
 use crate::worker::claim::{ClaimError, ClaimOutcome, Claimed, Claimer, Exchanged};
 use crate::worker::record::RECORD_PATIENCE;
 use crate::worker::result::TaskResult;
@@ -22,13 +22,15 @@ use crate::worker::StopReason;
 /// One finished exchange.
 pub(super) struct Cycle {
     /// The connection, unless the call failed (then it is dropped, in case it is broken).
-    conn: Option<PoolConnection<Postgres>>,
+    conn: Option<Held>,
     outputs: Vec<TaskResult>,
     /// One unrecorded-result permit per task asked for.
     rooms: Vec<OwnedSemaphorePermit>,
     result: Result<Exchanged, ClaimError>,
     /// How long the call took (the claim round trip).
     took: Duration,
+    /// The driver's count of queue signals when the exchange started.
+    wakes: u64,
 }
 
 impl DriverLoop {
@@ -44,13 +46,22 @@ impl DriverLoop {
         }
         self.claiming -= cycle.rooms.len();
         self.recording.ended(&cycle.outputs);
-        if let Some(conn) = cycle.conn {
+        if let Some(mut held) = cycle.conn {
             if self.spare.len() < MAX_SPARE {
-                self.spare.push((conn, Instant::now()));
+                if let Ok(Exchanged {
+                    backend_pid: Some(pid),
+                    ..
+                }) = &cycle.result
+                {
+                    held.named(*pid);
+                }
+                self.spare.push((held, Instant::now()));
             }
         }
         match cycle.result {
-            Ok(exchanged) => self.on_exchange_ok(exchanged, cycle.outputs, cycle.rooms),
+            Ok(exchanged) => {
+                self.on_exchange_ok(exchanged, cycle.outputs, cycle.rooms, cycle.wakes)
+            }
             Err(ClaimError::Decode(e)) => {
                 // The transaction committed; its rows cannot be read. The outputs are recorded or stale;
                 // claimed tasks are recovered by their visibility and timeout.
@@ -69,10 +80,8 @@ impl DriverLoop {
         exchanged: Exchanged,
         outputs: Vec<TaskResult>,
         rooms: Vec<OwnedSemaphorePermit>,
+        wakes: u64,
     ) {
-        if let Some(pid) = exchanged.backend_pid {
-            self.d.own.add(pid);
-        }
         self.errors.reset();
         self.hold_until = None;
         let recorder = &self.d.recorder;
@@ -90,7 +99,7 @@ impl DriverLoop {
             );
         }
         match exchanged.claim {
-            ClaimOutcome::Claimed(tasks) => self.on_claimed(tasks, rooms),
+            ClaimOutcome::Claimed(tasks) => self.on_claimed(tasks, rooms, wakes),
             ClaimOutcome::Unsupported(unsupported) => {
                 recorder.metrics.unsupported.increment(1);
                 self.fatal.get_or_insert(Fatal(unsupported));
@@ -109,8 +118,10 @@ impl DriverLoop {
         }
     }
 
-    /// Claimed tasks wait for slots; a claim short of what it asked for sets the poll timer.
-    fn on_claimed(&mut self, tasks: Vec<Claimed>, rooms: Vec<OwnedSemaphorePermit>) {
+    /// Claimed tasks wait for slots; a claim short of what it asked for sets the poll timer, unless a queue
+    /// signal came while it was in flight (`wakes`: the signals taken when it started): that signal's tasks
+    /// may have been committed after the claim read the queue, so the driver claims again.
+    fn on_claimed(&mut self, tasks: Vec<Claimed>, rooms: Vec<OwnedSemaphorePermit>, wakes: u64) {
         let asked = rooms.len();
         if asked > 0 {
             // Short of what it asked for: look again on a signal, a result or the poll timer, which backs
@@ -123,8 +134,8 @@ impl DriverLoop {
             if now.duration_since(self.last_found) < ACTIVE_FOR {
                 self.idle.reset();
             }
-            self.want_claim = tasks.len() == asked;
-            self.last_claim_full = self.want_claim;
+            self.last_claim_full = tasks.len() == asked;
+            self.want_claim = self.last_claim_full || self.wakes != wakes;
             self.poll_at = (!self.want_claim).then(|| now + jitter(self.idle.next_delay()));
         }
         let mut permits = rooms.into_iter();
@@ -177,16 +188,18 @@ impl DriverLoop {
 /// One exchange on `conn` (or a connection from the pool).
 pub(super) fn exchange(
     pool: PgPool,
+    own: OwnBackends,
     claimer: Arc<Claimer>,
-    conn: Option<PoolConnection<Postgres>>,
+    conn: Option<Held>,
     outputs: Vec<TaskResult>,
     rooms: Vec<OwnedSemaphorePermit>,
+    wakes: u64,
 ) -> BoxFuture<'static, Cycle> {
     async move {
         let mut conn = match conn {
             Some(conn) => conn,
             None => match pool.acquire().await {
-                Ok(conn) => conn,
+                Ok(conn) => Held::new(conn, own),
                 Err(e) => {
                     return Cycle {
                         conn: None,
@@ -194,18 +207,22 @@ pub(super) fn exchange(
                         rooms,
                         result: Err(ClaimError::Database(e)),
                         took: Duration::ZERO,
+                        wakes,
                     }
                 }
             },
         };
         let started = Instant::now();
-        let result = claimer.exchange(&mut conn, &outputs, rooms.len()).await;
+        let result = claimer
+            .exchange(&mut conn.conn, &outputs, rooms.len())
+            .await;
         Cycle {
             conn: result.is_ok().then_some(conn),
             outputs,
             rooms,
             result,
             took: started.elapsed(),
+            wakes,
         }
     }
     .boxed()

@@ -24,7 +24,9 @@
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
 //!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
 //!   queue, so a busy queue can hold tasks no signal announced), then doubling to `max_poll_wait`; with
-//!   jitter, so that idle workers do not poll in lockstep.
+//!   jitter, so that idle workers do not poll in lockstep. A signal taken while a claim is in flight makes
+//!   the driver claim again after it, whatever it found: the signal's tasks may have been committed after
+//!   that claim read the queue.
 //! - **Connections.** The driver keeps the connection of its last exchange for a moment ([`SPARE_FOR`])
 //!   and reuses it, so a busy worker does not pay the pool's checkout round trips per exchange; an idle
 //!   one hands it back to the pool.
@@ -72,6 +74,43 @@ const ACTIVE_FOR: Duration = Duration::from_secs(1);
 
 /// How many unused connections the driver keeps (a pool may be shared by several workers).
 const MAX_SPARE: usize = 1;
+
+/// A pool connection the driver holds (in an exchange, or kept for the next one). Once an exchange on it
+/// has named its server process, that process counts as the worker's own ([`OwnBackends`]) until the
+/// connection is dropped, which hands it back to the pool.
+pub(super) struct Held {
+    conn: PoolConnection<Postgres>,
+    pid: Option<u32>,
+    own: OwnBackends,
+}
+
+impl Held {
+    fn new(conn: PoolConnection<Postgres>, own: OwnBackends) -> Self {
+        Held {
+            conn,
+            pid: None,
+            own,
+        }
+    }
+
+    /// The server process behind the connection, as an exchange on it reported.
+    fn named(&mut self, pid: u32) {
+        if self.pid != Some(pid) {
+            if let Some(old) = self.pid.replace(pid) {
+                self.own.release(old);
+            }
+            self.own.hold(pid);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            self.own.release(pid);
+        }
+    }
+}
 
 /// What stopped the driver with an error to report.
 pub(crate) struct Fatal(pub(crate) Unsupported);
@@ -126,9 +165,13 @@ struct DriverLoop {
     inflight: FuturesUnordered<BoxFuture<'static, Cycle>>,
     /// Tasks asked for by the exchanges in flight.
     claiming: usize,
-    spare: Vec<(PoolConnection<Postgres>, Instant)>,
+    spare: Vec<(Held, Instant)>,
     run_time: RunTime,
     want_claim: bool,
+    /// Queue signals taken so far. An exchange remembers the count it started with: a signal that came while
+    /// it was in flight may announce tasks committed after its claim read the queue, so a short claim does
+    /// not end the wish to claim then.
+    wakes: u64,
     /// Whether the last claim came back with every task it asked for (so more are likely waiting).
     last_claim_full: bool,
     poll_at: Option<Instant>,
@@ -158,6 +201,7 @@ impl DriverLoop {
             spare: Vec::new(),
             run_time: RunTime::default(),
             want_claim: true,
+            wakes: 0,
             last_claim_full: false,
             poll_at: None,
             idle: Backoff::new(config.poll_interval, config.max_poll_wait),
@@ -321,10 +365,12 @@ impl DriverLoop {
         let conn = self.spare.pop().map(|(c, _)| c);
         self.inflight.push(exchange(
             self.d.pool.clone(),
+            self.d.own.clone(),
             Arc::clone(&self.d.claimer),
             conn,
             batch,
             permits,
+            self.wakes,
         ));
         true
     }
@@ -379,6 +425,7 @@ impl DriverLoop {
     /// A queue signal: new work may be waiting.
     fn on_wake(&mut self) {
         self.want_claim = true;
+        self.wakes += 1;
         self.idle.reset();
         self.poll_at = None;
     }
