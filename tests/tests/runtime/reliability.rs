@@ -538,23 +538,19 @@ async fn one_maintenance_sweep_prunes_finished_history_in_as_many_batches_as_it_
     worker.stop().await;
 }
 
-static HOLD_GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
-
 #[flow(slug = "signalFlow", input = String)]
 mod signalled {
     use super::*;
 
-    /// `hold` waits for the test; anything else returns at once.
+    /// Returns its input.
     #[step]
     async fn work(what: String) -> Result<String, StepError> {
-        if what == "hold" {
-            let _permit = HOLD_GATE.acquire().await;
-        }
         Ok(what)
     }
 }
 
-/// A worker that polls only every ten minutes: within the test, only a queue signal makes it claim.
+/// A worker that polls only every ten minutes: within the test, only a queue signal or an output makes it
+/// claim.
 fn deaf<K>(
     b: pgflow_runtime::worker::WorkerBuilder<K>,
 ) -> pgflow_runtime::worker::WorkerBuilder<K> {
@@ -565,21 +561,22 @@ fn deaf<K>(
 }
 
 #[tokio::test]
-async fn a_signal_that_arrives_while_a_claim_is_in_flight_makes_the_worker_claim_again() {
+async fn a_signal_that_arrives_while_an_empty_claim_is_in_flight_makes_the_worker_claim_again() {
     let db = pgflow_tests::test_db().await;
     let pool = db.pool();
-    // The claim of the `hold` run's task stops inside its transaction (after it read the queue) until the
-    // test lets go of advisory lock 4242.
+    // The exchange that records the `hold` run's output (and claims, finding nothing) stops at its commit,
+    // after its claim read the queue, until the test lets go of advisory lock 4242: a deferred trigger.
     pool.execute(
-        r#"create function public.hold_claim() returns trigger language plpgsql as $$
+        r#"create function public.hold_commit() returns trigger language plpgsql as $$
            begin
              if (select r.input from pgflow.runs r where r.run_id = new.run_id) = '"hold"' then
                perform pg_advisory_xact_lock_shared(4242);
              end if;
              return null;
            end $$;
-           create trigger hold_claim after update of status on pgflow.step_tasks
-           for each row when (new.status = 'started') execute function public.hold_claim();"#,
+           create constraint trigger hold_commit after update of status on pgflow.step_tasks
+           deferrable initially deferred
+           for each row when (new.status = 'completed') execute function public.hold_commit();"#,
     )
     .await
     .unwrap();
@@ -597,23 +594,19 @@ async fn a_signal_that_arrives_while_a_claim_is_in_flight_makes_the_worker_claim
         .start::<signalled::Signalled>(&"hold".to_owned())
         .await
         .unwrap();
-    pgflow_tests::wait_until(
-        LIMIT,
-        "the claim to wait inside its transaction",
-        || async {
-            sqlx::query_scalar::<_, bool>(
+    pgflow_tests::wait_until(LIMIT, "the exchange to wait at its commit", || async {
+        sqlx::query_scalar::<_, bool>(
             "select exists (select 1 from pg_locks where locktype = 'advisory' and objid = 4242 \
              and not granted)",
         )
         .fetch_one(pool)
         .await
         .unwrap()
-        },
-    )
+    })
     .await;
-    // This run's task is committed after the claim in flight read the queue; its signal reaches the worker
-    // while that claim is still open. Nothing in the database shows when the worker has taken the signal:
-    // the pause gives it ample time (a shorter one could only let a worker that loses the signal pass).
+    // This run's task is committed after the exchange in flight read the queue; its signal reaches the
+    // worker while that exchange is still open. Nothing in the database shows when the worker has taken the
+    // signal: the pause gives it ample time (a shorter one could only let a worker that loses it pass).
     let next = client
         .start::<signalled::Signalled>(&"go".to_owned())
         .await
@@ -623,8 +616,9 @@ async fn a_signal_that_arrives_while_a_claim_is_in_flight_makes_the_worker_claim
         .execute(&mut *gate)
         .await
         .unwrap();
-    // The claim comes back with one task of the four it asked for; the signal that came meanwhile still
-    // makes the worker claim again.
+    // The exchange comes back with the output recorded and nothing claimed; the signal that came meanwhile
+    // makes the worker claim again instead of sleeping until its poll.
+    assert_eq!(held.wait(LIMIT).await.unwrap().work, "hold");
     assert_eq!(
         next.wait(LIMIT)
             .await
@@ -632,8 +626,6 @@ async fn a_signal_that_arrives_while_a_claim_is_in_flight_makes_the_worker_claim
             .work,
         "go"
     );
-    HOLD_GATE.add_permits(1);
-    assert_eq!(held.wait(LIMIT).await.unwrap().work, "hold");
     worker.stop().await;
 }
 

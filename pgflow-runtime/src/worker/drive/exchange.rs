@@ -118,9 +118,12 @@ impl DriverLoop {
         }
     }
 
-    /// Claimed tasks wait for slots; a claim short of what it asked for sets the poll timer, unless a queue
-    /// signal came while it was in flight (`wakes`: the signals taken when it started): that signal's tasks
-    /// may have been committed after the claim read the queue, so the driver claims again.
+    /// Claimed tasks wait for slots; a claim short of what it asked for sets the poll timer. An empty claim
+    /// during which a queue signal came (`wakes`: the signals taken when it started) is followed by another
+    /// claim at once instead: the signal's tasks may have been committed after the claim read the queue, and
+    /// an idle driver's timer can be `max_poll_wait` away. After a claim that found tasks the timer is at
+    /// most `poll_interval` away, and the found tasks' outputs carry a claim sooner, so a signal that came
+    /// meanwhile waits for those rather than costing a round trip of its own under load.
     fn on_claimed(&mut self, tasks: Vec<Claimed>, rooms: Vec<OwnedSemaphorePermit>, wakes: u64) {
         let asked = rooms.len();
         if asked > 0 {
@@ -135,7 +138,7 @@ impl DriverLoop {
                 self.idle.reset();
             }
             self.last_claim_full = tasks.len() == asked;
-            self.want_claim = self.last_claim_full || self.wakes != wakes;
+            self.want_claim = self.last_claim_full || (tasks.is_empty() && self.wakes != wakes);
             self.poll_at = (!self.want_claim).then(|| now + jitter(self.idle.next_delay()));
         }
         let mut permits = rooms.into_iter();

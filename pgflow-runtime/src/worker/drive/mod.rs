@@ -24,9 +24,10 @@
 //!   (`LISTEN pgflow_queue_signal`, see `background::listen`), for a result, or for the poll timer:
 //!   `poll_interval` while claims found tasks within the last [`ACTIVE_FOR`] (signals are throttled per
 //!   queue, so a busy queue can hold tasks no signal announced), then doubling to `max_poll_wait`; with
-//!   jitter, so that idle workers do not poll in lockstep. A signal taken while a claim is in flight makes
-//!   the driver claim again after it, whatever it found: the signal's tasks may have been committed after
-//!   that claim read the queue.
+//!   jitter, so that idle workers do not poll in lockstep. A signal taken while a claim is in flight may
+//!   announce tasks committed after that claim read the queue: when the claim comes back empty, the driver
+//!   claims again at once; when it found tasks, the timer is at most `poll_interval` away and their outputs
+//!   carry the next claim.
 //! - **Connections.** The driver keeps the connection of its last exchange for a moment ([`SPARE_FOR`])
 //!   and reuses it, so a busy worker does not pay the pool's checkout round trips per exchange; an idle
 //!   one hands it back to the pool.
@@ -169,8 +170,7 @@ struct DriverLoop {
     run_time: RunTime,
     want_claim: bool,
     /// Queue signals taken so far. An exchange remembers the count it started with: a signal that came while
-    /// it was in flight may announce tasks committed after its claim read the queue, so a short claim does
-    /// not end the wish to claim then.
+    /// it was in flight may announce tasks committed after its claim read the queue (see `on_claimed`).
     wakes: u64,
     /// Whether the last claim came back with every task it asked for (so more are likely waiting).
     last_claim_full: bool,
