@@ -94,12 +94,11 @@ impl Held {
         }
     }
 
-    /// The server process behind the connection, as an exchange on it reported.
+    /// The server process behind the connection, as an exchange on it reported (a connection keeps its
+    /// process, so the first report is the one kept).
     fn named(&mut self, pid: u32) {
-        if self.pid != Some(pid) {
-            if let Some(old) = self.pid.replace(pid) {
-                self.own.release(old);
-            }
+        if self.pid.is_none() {
+            self.pid = Some(pid);
             self.own.hold(pid);
         }
     }
