@@ -19,12 +19,16 @@
 //! limit, and schedule fire lateness (`control.rs`). The priority scenario (`--only priority`) measures the wait
 //! of low-priority runs under a steady high-priority load, and what each flow control costs (`priority.rs`).
 //!
+//! The exchange scenario (`--only exchange`; only when named) times one `pgflow.exchange` by its size, and
+//! gives its fixed cost and its cost per output (`exchange_cost.rs`).
+//!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
 
 mod budget;
 mod control;
 mod db;
+mod exchange_cost;
 mod floor;
 mod flows;
 mod history;
@@ -101,7 +105,7 @@ struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Starts::Set])]
     latency_starts: Vec<Starts>,
     /// Run only the scenarios tagged with every one of these (all when empty): floor, sql, worker, latency,
-    /// starvation, history, budget, processes, probe, sustained, control, priority, diamond, map10.
+    /// starvation, history, budget, processes, probe, sustained, control, priority, exchange, diamond, map10.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Time every pgflow and PGMQ function (`track_functions = 'pl'`) and print a profile per drain.
@@ -154,6 +158,13 @@ struct Args {
     /// Rounds of the flow-control overhead part: each drains every control once (the median counts).
     #[arg(long, default_value_t = 5)]
     priority_rounds: usize,
+    /// Timed exchanges per size in the exchange scenario.
+    #[arg(long, default_value_t = 30)]
+    exchange_reps: usize,
+    /// The sizes of the exchange scenario: runs whose root outputs one timed exchange records (the fixed
+    /// cost is fitted when there are two or more).
+    #[arg(long = "exchange-sizes", value_delimiter = ',', default_values_t = [1, 4, 16, 32])]
+    exchange_sizes: Vec<usize>,
 }
 
 impl Args {
@@ -277,9 +288,20 @@ struct Row {
     wal: Option<Wal>,
 }
 
-/// The figures of a scenario as table rows (at 16 handlers), or its refusal among the invalid results.
+/// A figure as the table shows it: ratios (unit ×) and values under 10 with two decimals, others whole.
+fn shown(value: f64, unit: &str) -> String {
+    if unit == "×" || value.abs() < 10.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// The figures of a scenario as table rows (at `k` handlers or clients), or its refusal among the invalid
+/// results.
 fn take_figures(
     scenario: &str,
+    k: usize,
     figures: Result<Vec<control::Figure>, BenchError>,
     rows: &mut Vec<Row>,
     invalid: &mut Vec<String>,
@@ -287,10 +309,16 @@ fn take_figures(
     match figures {
         Ok(figures) => {
             for f in figures {
-                eprintln!("{}: {:.0} {}; {}", f.what, f.value, f.unit, f.extra);
+                eprintln!(
+                    "{}: {} {}; {}",
+                    f.what,
+                    shown(f.value, f.unit),
+                    f.unit,
+                    f.extra
+                );
                 rows.push(Row {
                     what: f.what,
-                    k: 16,
+                    k,
                     value: f.value,
                     unit: f.unit,
                     extra: f.extra,
@@ -530,6 +558,12 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     if args.only.iter().any(|o| o == "probe") {
         rows.extend(processes::probe_latency(&db, &args.processes).await?);
     }
+    // What one exchange costs by its size: only when named (`--only exchange`).
+    if args.only.iter().any(|o| o == "exchange") {
+        db.settle().await?;
+        let figures = exchange_cost::run(&db, &args.exchange_sizes, args.exchange_reps).await;
+        take_figures("exchange", 1, figures, &mut rows, &mut invalid)?;
+    }
 
     // Starvation: the community-threads burst in plain and step-queued modes.
     if args.wants(&["starvation"]) {
@@ -591,7 +625,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     if args.wants(&["control"]) {
         db.settle().await?;
         let figures = control::run(&db, args.control_backlog, args.control_seconds).await;
-        take_figures("control", figures, &mut rows, &mut invalid)?;
+        take_figures("control", 16, figures, &mut rows, &mut invalid)?;
     }
 
     // Priorities under load, and what each flow control costs.
@@ -604,7 +638,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             args.priority_rounds,
         )
         .await;
-        take_figures("priority", figures, &mut rows, &mut invalid)?;
+        take_figures("priority", 16, figures, &mut rows, &mut invalid)?;
     }
 
     // History: the same drains on an empty database and on a large finished history. Last, because it
@@ -1018,12 +1052,7 @@ fn print_table(
             }
             floor_at(rows, row.k, label).map_or(String::new(), |f| format!("{:.2}", row.value / f))
         };
-        // Ratios (unit ×) need their decimals; rates and times do not.
-        let value = if row.unit == "×" {
-            format!("{:.2}", row.value)
-        } else {
-            format!("{:.0}", row.value)
-        };
+        let value = shown(row.value, row.unit);
         println!(
             "| {} | {} | {value} {} | {} | {} | {} |",
             row.what,

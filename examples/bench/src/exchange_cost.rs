@@ -1,0 +1,222 @@
+//! What one `pgflow.exchange` costs by its size (`--only exchange`; runs only when named).
+//!
+//! One client on one connection drives the diamond flow by hand, one exchange at a time, with nothing else
+//! running: it starts `k` runs, claims their `k` root tasks, and then times the exchange that records those
+//! `k` outputs and claims the `2k` dependents they make ready (one hop of the diamond for `k` runs at once).
+//! The runs are then finished. The sizes take turns, repetition by repetition, so a drift of the host's speed
+//! reaches every size alike.
+//!
+//! The medians give a straight line: the cost of an exchange that carries nothing much (its fixed part) and
+//! the cost of each further output with its two claims. Under load the worker runs one exchange at a time,
+//! and the outputs that finish during an exchange ride in the next one; so an exchange lasts about
+//! `fixed / (1 - arrivals × per_output)`, and each hop of a run waits for up to two of them.
+
+use std::time::Instant;
+
+use serde_json::Value;
+use sqlx::{PgConnection, Row as _};
+use uuid::Uuid;
+
+use crate::control::{percentile, Figure};
+use crate::db::{BenchDb, BenchFlow};
+use crate::BenchError;
+
+/// Tasks claimed by one exchange: what the next exchange records.
+#[derive(Default)]
+struct Claimed {
+    run_ids: Vec<Uuid>,
+    step_slugs: Vec<String>,
+    task_indexes: Vec<i32>,
+    attempts: Vec<i32>,
+}
+
+impl Claimed {
+    fn len(&self) -> usize {
+        self.run_ids.len()
+    }
+}
+
+/// The time of an exchange of each of `sizes` (runs whose root outputs it records), from `reps` repetitions
+/// of each; with two sizes or more, the fixed cost and the cost per output.
+pub(crate) async fn run(
+    db: &BenchDb,
+    sizes: &[usize],
+    reps: usize,
+) -> Result<Vec<Figure>, BenchError> {
+    if sizes.is_empty() || sizes.contains(&0) || reps == 0 {
+        return Err(BenchError::Invalid(
+            "exchange cost: give sizes of 1 or more and at least one repetition".into(),
+        ));
+    }
+    let flow = BenchFlow::Diamond;
+    db.compile(flow.slug(), &flow.shape()).await?;
+    let queue = flow.slug().to_lowercase();
+    let worker = db.register_worker(&queue).await?;
+    db.settle().await?;
+    let mut conn = db.connect().await?;
+    let pairs = Pairs {
+        queue,
+        worker,
+        flows: vec![flow.slug().to_string(); 4],
+        steps: ["a", "b", "c", "d"].map(String::from).to_vec(),
+    };
+
+    let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); sizes.len()];
+    // One untimed round first: plans and caches warm up.
+    for rep in 0..=reps {
+        for (i, &k) in sizes.iter().enumerate() {
+            let ms = hop(db, &mut conn, &pairs, k).await?;
+            if rep > 0 {
+                times[i].push(ms);
+            }
+        }
+    }
+
+    let medians: Vec<f64> = times
+        .iter_mut()
+        .map(|t| {
+            t.sort_by(f64::total_cmp);
+            percentile(t, 0.5)
+        })
+        .collect();
+    let mut figures: Vec<Figure> = sizes
+        .iter()
+        .zip(&times)
+        .zip(&medians)
+        .map(|((&k, t), &median)| Figure {
+            what: format!(
+                "one exchange recording {k} outputs and claiming {} tasks",
+                2 * k
+            ),
+            value: median,
+            unit: "ms p50",
+            extra: format!(
+                "{} exchanges, one at a time on one connection; p90 {:.2} ms; {:.3} ms per output",
+                t.len(),
+                percentile(t, 0.9),
+                median / k as f64
+            ),
+        })
+        .collect();
+    let mut distinct = sizes.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() < 2 {
+        return Ok(figures);
+    }
+    let xs: Vec<f64> = sizes.iter().map(|&k| k as f64).collect();
+    let (fixed, per_output) = fit(&xs, &medians);
+    figures.push(Figure {
+        what: "an exchange's fixed cost (the line through those medians at zero outputs)".into(),
+        value: fixed,
+        unit: "ms",
+        extra: format!(
+            "plus {per_output:.3} ms per output with its two claims; round trip and commit included"
+        ),
+    });
+    Ok(figures)
+}
+
+/// The queue and the worker the exchanges claim for.
+struct Pairs {
+    queue: String,
+    worker: Uuid,
+    flows: Vec<String>,
+    steps: Vec<String>,
+}
+
+/// One hop for `k` new runs: the time of the exchange that records the root outputs and claims the
+/// dependents. The runs are finished before it returns.
+async fn hop(
+    db: &BenchDb,
+    conn: &mut PgConnection,
+    pairs: &Pairs,
+    k: usize,
+) -> Result<f64, BenchError> {
+    let flow = BenchFlow::Diamond;
+    let runs = db.start_runs(flow.slug(), &flow.input(), k).await?;
+    let roots = exchange(conn, pairs, k, &Claimed::default()).await?;
+    expect(&roots, k, "root tasks")?;
+    let began = Instant::now();
+    let dependents = exchange(conn, pairs, 2 * k, &roots).await?;
+    let ms = began.elapsed().as_secs_f64() * 1000.0;
+    expect(&dependents, 2 * k, "dependents")?;
+    let last = exchange(conn, pairs, k, &dependents).await?;
+    expect(&last, k, "last steps")?;
+    exchange(conn, pairs, 0, &last).await?;
+    db.verify_completed(&runs).await?;
+    Ok(ms)
+}
+
+fn expect(claimed: &Claimed, n: usize, what: &str) -> Result<(), BenchError> {
+    if claimed.len() == n {
+        Ok(())
+    } else {
+        Err(BenchError::Invalid(format!(
+            "exchange cost: claimed {} {what}, expected {n} (is another client draining the queue?)",
+            claimed.len()
+        )))
+    }
+}
+
+/// Records `done` (each output is `1`) and claims up to `qty` tasks, in one `pgflow.exchange`.
+async fn exchange(
+    conn: &mut PgConnection,
+    pairs: &Pairs,
+    qty: usize,
+    done: &Claimed,
+) -> Result<Claimed, BenchError> {
+    let outputs = vec![Value::from(1); done.len()];
+    let rows = sqlx::query(
+        "select x.run_id, x.step_slug, x.task_index, x.attempts_count
+         from pgflow.exchange($1, $2, $3, $4, $5, 30, $6, $7, $8, $9, $10) x
+         where x.outcome = 'claimed'",
+    )
+    .bind(&pairs.queue)
+    .bind(pairs.worker)
+    .bind(&pairs.flows)
+    .bind(&pairs.steps)
+    .bind(qty as i32)
+    .bind(&done.run_ids)
+    .bind(&done.step_slugs)
+    .bind(&done.task_indexes)
+    .bind(&outputs)
+    .bind(&done.attempts)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = Claimed::default();
+    for row in rows {
+        claimed.run_ids.push(row.try_get("run_id")?);
+        claimed.step_slugs.push(row.try_get("step_slug")?);
+        claimed.task_indexes.push(row.try_get("task_index")?);
+        claimed.attempts.push(row.try_get("attempts_count")?);
+    }
+    Ok(claimed)
+}
+
+/// Least squares line through `(x, y)`: (intercept, slope).
+fn fit(x: &[f64], y: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    let mean_x = x.iter().sum::<f64>() / n;
+    let mean_y = y.iter().sum::<f64>() / n;
+    let sxy: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| (a - mean_x) * (b - mean_y))
+        .sum();
+    let sxx: f64 = x.iter().map(|a| (a - mean_x).powi(2)).sum();
+    let slope = sxy / sxx;
+    (mean_y - slope * mean_x, slope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit;
+
+    #[test]
+    fn the_line_through_points_on_a_line_is_that_line() {
+        let (a, b) = fit(&[1.0, 4.0, 16.0, 32.0], &[3.5, 5.0, 11.0, 19.0]);
+        assert!((a - 3.0).abs() < 1e-9, "{a}");
+        assert!((b - 0.5).abs() < 1e-9, "{b}");
+    }
+}
