@@ -307,16 +307,20 @@ end;
 $$;
 
 -- Whether a claim on `p_queue` must consult the limits (one index probe each; false on unlimited queues).
+-- PL/pgSQL, so that its plan is cached for the session: every claim asks, and a SQL function that reads a
+-- table is parsed and planned again in each statement that calls it.
 create function pgflow._queue_limited(p_queue text)
 returns boolean
-language sql
+language plpgsql
 stable
 set search_path = ''
 as $$
-  select exists (select 1 from pgflow.queue_limits l where l.queue_name = p_queue)
+begin
+  return exists (select 1 from pgflow.queue_limits l where l.queue_name = p_queue)
       or exists (select 1 from pgflow.key_limits k
                  join pgflow.steps s on s.flow_slug = k.flow_slug and s.step_slug = k.step_slug
-                 where s.queue_name = p_queue)
+                 where s.queue_name = p_queue);
+end;
 $$;
 
 -- How long a task whose key another claim holds stays hidden (seconds): about the time that claim takes to

@@ -38,13 +38,19 @@ as $$
 $$;
 
 -- Queue `p_queue`'s aging in seconds when it has priorities, else NULL: what _rank_headers takes. Every
--- path that sends a task's message looks the aging up here, once per queue of what it sends.
+-- path that sends a task's message looks the aging up here, once per queue of what it sends. PL/pgSQL, so
+-- that its plan is cached for the session (a SQL function that reads a table is planned again in each
+-- statement that calls it).
 create function pgflow._queue_aging_secs(p_queue text)
 returns double precision
-language sql
+language plpgsql
 stable
+set search_path = ''
 as $$
-  select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp where qp.queue_name = p_queue
+begin
+  return (select extract(epoch from qp.aging)::float8 from pgflow.queue_priorities qp
+          where qp.queue_name = p_queue);
+end;
 $$;
 
 -- The PGMQ headers of messages sent now by runs of priority `p_priority` to a queue whose aging is
