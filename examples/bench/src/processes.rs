@@ -11,6 +11,8 @@
 //! **Probe** (`--only probe`): one in-process worker (16 handlers) on an idle database, one run at a time
 //! (`--probe-samples`, 100, `--probe-interval-ms`, 200 ms apart); the handlers note when they run, so the
 //! figures are what a handler sees: start call → first handler, and parent handler done → dependent handler.
+//! The `--probe-warmup` runs (3) before them, the same way, are reported apart: the first run after a worker
+//! starts pays for its connections planning their statements.
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
@@ -105,6 +107,10 @@ pub(crate) struct Settings {
     /// Milliseconds between the idle probe's runs.
     #[arg(id = "probe_interval_ms", long = "probe-interval-ms", value_parser = millis, default_value = "200")]
     pub(crate) probe_interval: Duration,
+    /// Runs of the idle probe before the measured ones, reported apart (the worker's connections plan their
+    /// statements on first use).
+    #[arg(id = "probe_warmup", long = "probe-warmup", default_value_t = 3)]
+    pub(crate) probe_warmup: usize,
 }
 
 fn seconds(value: &str) -> Result<Duration, String> {
@@ -379,9 +385,10 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
     probe::enable(true);
     let mut start_to_first = Vec::new();
     let mut parent_to_dependent = Vec::new();
+    let mut warmup = (Vec::new(), Vec::new());
     let mut ids = Vec::new();
     // Inputs far from the other scenarios' (all 1), one per sample.
-    for i in 0..s.probe_samples {
+    for i in 0..s.probe_warmup + s.probe_samples {
         let n = 1_000_000 + i as i64;
         let t0 = Instant::now();
         ids.extend(db.start_runs(flow.slug(), &serde_json::json!(n), 1).await?);
@@ -393,8 +400,13 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
         ) else {
             continue;
         };
-        start_to_first.push(root.duration_since(t0).as_secs_f64() * 1000.0);
-        parent_to_dependent.push(dep.duration_since(done).as_secs_f64() * 1000.0);
+        let (first, dependent) = if i < s.probe_warmup {
+            (&mut warmup.0, &mut warmup.1)
+        } else {
+            (&mut start_to_first, &mut parent_to_dependent)
+        };
+        first.push(root.duration_since(t0).as_secs_f64() * 1000.0);
+        dependent.push(dep.duration_since(done).as_secs_f64() * 1000.0);
     }
     let waited = wait_done(db, &ids, Duration::from_secs(60)).await;
     probe::enable(false);
@@ -403,7 +415,7 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
         r.map_err(|e| BenchError::Invalid(e.to_string()))??;
     }
     waited?;
-    if start_to_first.len() < s.probe_samples {
+    if start_to_first.is_empty() || start_to_first.len() < s.probe_samples {
         return Err(BenchError::Invalid(format!(
             "probe: {} of {} samples had run their first two handlers within {:?}",
             start_to_first.len(),
@@ -411,16 +423,26 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
             s.probe_interval
         )));
     }
-    let row = |what: &str, mut v: Vec<f64>| {
+    let row = |what: &str, mut v: Vec<f64>, cold: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        let cold = if cold.is_empty() {
+            String::new()
+        } else {
+            let shown: Vec<String> = cold.iter().map(|ms| format!("{ms:.1}")).collect();
+            format!(
+                "; the {} warm-up runs before them, in order: {} ms",
+                cold.len(),
+                shown.join(", ")
+            )
+        };
         Row {
             what: format!("idle probe, 1 worker: {what}"),
             k: 16,
             value: at(0.5),
             unit: "ms p50",
             extra: format!(
-                "p99 {:.1} ms, max {:.1} ms, {} samples {:?} apart",
+                "p99 {:.1} ms, max {:.1} ms, {} samples {:?} apart{cold}",
                 at(0.99),
                 at(1.0),
                 v.len(),
@@ -430,8 +452,12 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
         }
     };
     let rows = vec![
-        row("start → first handler", start_to_first),
-        row("parent done → dependent handler", parent_to_dependent),
+        row("start → first handler", start_to_first, warmup.0),
+        row(
+            "parent done → dependent handler",
+            parent_to_dependent,
+            warmup.1,
+        ),
     ];
     for r in &rows {
         eprintln!("{}: {:.1} ms; {}", r.what, r.value, r.extra);
