@@ -101,8 +101,13 @@ pub(crate) struct Settings {
         default_value_t = 10
     )]
     pub(crate) wake_runs: usize,
-    /// Runs of the idle probe.
-    #[arg(id = "probe_samples", long = "probe-samples", default_value_t = 100)]
+    /// Runs of the idle probe (at least 1).
+    #[arg(
+        id = "probe_samples",
+        long = "probe-samples",
+        default_value_t = 100,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
     pub(crate) probe_samples: usize,
     /// Milliseconds between the idle probe's runs.
     #[arg(id = "probe_interval_ms", long = "probe-interval-ms", value_parser = millis, default_value = "200")]
@@ -415,7 +420,7 @@ pub(crate) async fn probe_latency(db: &BenchDb, s: &Settings) -> Result<Vec<Row>
         r.map_err(|e| BenchError::Invalid(e.to_string()))??;
     }
     waited?;
-    if start_to_first.is_empty() || start_to_first.len() < s.probe_samples {
+    if start_to_first.len() < s.probe_samples {
         return Err(BenchError::Invalid(format!(
             "probe: {} of {} samples had run their first two handlers within {:?}",
             start_to_first.len(),
