@@ -85,16 +85,27 @@ async fn warm_wal(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
 impl BenchDb {
     /// `DATABASE_URL`'s server when set, otherwise a durable throwaway cluster; a new database on it with
     /// PGMQ and pgflow installed. With `trace_context`, every run started in it gets that W3C trace context
-    /// (the database default of the setting `pgflow.trace_context`), so every task attempt is a span.
+    /// (the database default of the setting `pgflow.trace_context`), so every task attempt is a span. With
+    /// `statements` (the census), the throwaway cluster loads `pg_stat_statements`, and sessions of the new
+    /// database count nothing unless they ask to (`pg_stat_statements.track = 'none'`).
     pub(crate) async fn open(
         profile: bool,
         trace_context: Option<&str>,
+        statements: bool,
     ) -> Result<Self, BenchError> {
         let (temp, admin) = match std::env::var("DATABASE_URL") {
             Ok(url) if !url.is_empty() => (None, url.parse::<PgConnectOptions>()?),
             _ => {
                 let temp = TempPostgres::start(Durability::Durable).await?;
                 let admin = temp.url("postgres").parse::<PgConnectOptions>()?;
+                if statements {
+                    let mut conn = PgConnection::connect_with(&admin).await?;
+                    sqlx::query("alter system set shared_preload_libraries = 'pg_stat_statements'")
+                        .execute(&mut conn)
+                        .await?;
+                    conn.close().await?;
+                    temp.restart().await?;
+                }
                 (Some(temp), admin)
             }
         };
@@ -111,6 +122,13 @@ impl BenchDb {
             // Sessions opened from now on time every PL function (pg_stat_user_functions).
             sqlx::query(&format!(
                 "alter database \"{name}\" set track_functions = 'pl'"
+            ))
+            .execute(&mut conn)
+            .await?;
+        }
+        if statements {
+            sqlx::query(&format!(
+                "alter database \"{name}\" set pg_stat_statements.track = 'none'"
             ))
             .execute(&mut conn)
             .await?;

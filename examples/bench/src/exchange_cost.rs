@@ -48,24 +48,12 @@ pub(crate) async fn run(
             "exchange cost: give sizes of 1 or more and at least one repetition".into(),
         ));
     }
-    let flow = BenchFlow::Diamond;
-    db.compile(flow.slug(), &flow.shape()).await?;
-    let queue = flow.slug().to_lowercase();
-    let worker = db.register_worker(&queue).await?;
-    db.settle().await?;
-    let mut conn = db.connect().await?;
-    let pairs = Pairs {
-        queue,
-        worker,
-        flows: vec![flow.slug().to_string(); 4],
-        steps: ["a", "b", "c", "d"].map(String::from).to_vec(),
-    };
-
+    let (mut conn, pairs) = prepare(db).await?;
     let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(reps); sizes.len()];
     // One untimed round first: plans and caches warm up.
     for rep in 0..=reps {
         for (i, &k) in sizes.iter().enumerate() {
-            let ms = hop(db, &mut conn, &pairs, k).await?;
+            let ms = hop(db, &mut conn, &pairs, k, false).await?;
             if rep > 0 {
                 times[i].push(ms);
             }
@@ -117,6 +105,125 @@ pub(crate) async fn run(
     Ok(figures)
 }
 
+/// Every statement one hop's exchange runs, nested ones included (`--only census`; runs only when named):
+/// `reps` exchanges that each record `k` root outputs of the diamond and claim their `2k` dependents, as in
+/// [`run`], with `pg_stat_statements` counting only while each of them runs. One figure per statement, the
+/// heaviest first: its mean time per exchange (inclusive: a statement's time contains the statements it
+/// calls), its executions per exchange and its longest execution (one slow execution moves a mean). The first figure is the exchange itself. Tracking every nested statement
+/// costs time of its own, so the figures are shares more than durations; the exchange's median untracked, from
+/// the same number of hops just before, is given with them.
+pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Figure>, BenchError> {
+    if k == 0 || reps == 0 {
+        return Err(BenchError::Invalid(
+            "census: give a size of 1 or more and at least one repetition".into(),
+        ));
+    }
+    let loaded: bool = sqlx::query_scalar(
+        "select current_setting('shared_preload_libraries') ~ '(^|[ ,])pg_stat_statements([ ,]|$)'",
+    )
+    .fetch_one(&db.pool)
+    .await?;
+    if !loaded {
+        return Err(BenchError::Invalid(
+            "census: the server does not load pg_stat_statements. Leave DATABASE_URL unset (the bench's own \
+             cluster loads it for --only census), or add pg_stat_statements to shared_preload_libraries of \
+             the server and restart it"
+                .into(),
+        ));
+    }
+    sqlx::query("create extension if not exists pg_stat_statements")
+        .execute(&db.pool)
+        .await?;
+    let (mut conn, pairs) = prepare(db).await?;
+    // Untracked first: plans and caches warm up, and the exchange's own median.
+    let mut plain = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        plain.push(hop(db, &mut conn, &pairs, k, false).await?);
+    }
+    plain.sort_by(f64::total_cmp);
+    sqlx::query(
+        "select pg_stat_statements_reset(0, (select oid from pg_database where datname = current_database()), 0)",
+    )
+    .execute(&mut conn)
+    .await?;
+    let mut tracked = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        tracked.push(hop(db, &mut conn, &pairs, k, true).await?);
+    }
+    tracked.sort_by(f64::total_cmp);
+    let rows: Vec<(i64, f64, f64, String)> = sqlx::query_as(
+        "select s.calls, s.total_exec_time, s.max_exec_time, s.query from pg_stat_statements s \
+         where s.dbid = (select oid from pg_database where datname = current_database()) \
+           and s.query !~* '^set pg_stat_statements' \
+         order by s.total_exec_time desc",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let n = reps as f64;
+    let mut figures = vec![Figure {
+        what: format!("census of one exchange recording {k} outputs and claiming {} tasks", 2 * k),
+        value: percentile(&plain, 0.5),
+        unit: "ms p50",
+        extra: format!(
+            "{reps} exchanges untracked; then {reps} tracked, p50 {:.2} ms: the rows below, in µs per exchange",
+            percentile(&tracked, 0.5)
+        ),
+    }];
+    figures.extend(
+        rows.into_iter()
+            .map(|(calls, total_ms, max_ms, query)| Figure {
+                what: format!("census: {}", statement_label(&query)),
+                value: total_ms * 1000.0 / n,
+                unit: "µs",
+                extra: format!(
+                    "{:.2} executions per exchange, {:.0} µs each on average, the longest {:.0} µs",
+                    calls as f64 / n,
+                    total_ms * 1000.0 / calls.max(1) as f64,
+                    max_ms * 1000.0
+                ),
+            }),
+    );
+    Ok(figures)
+}
+
+/// A statement's text on one line, short enough for a table cell, without the characters that would end it.
+fn statement_label(query: &str) -> String {
+    const LONGEST: usize = 110;
+    let mut line = String::new();
+    for word in query
+        .lines()
+        .map(|l| l.split("--").next().unwrap_or(""))
+        .flat_map(str::split_whitespace)
+    {
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    let mut label: String = line.chars().take(LONGEST).collect();
+    if line.chars().count() > LONGEST {
+        label.push('…');
+    }
+    label.replace('|', "\\|")
+}
+
+/// The diamond compiled, a worker registered, and a connection of its own: what every hop needs.
+async fn prepare(db: &BenchDb) -> Result<(PgConnection, Pairs), BenchError> {
+    let flow = BenchFlow::Diamond;
+    db.compile(flow.slug(), &flow.shape()).await?;
+    let queue = flow.slug().to_lowercase();
+    let worker = db.register_worker(&queue).await?;
+    db.settle().await?;
+    let conn = db.connect().await?;
+    let pairs = Pairs {
+        queue,
+        worker,
+        flows: vec![flow.slug().to_string(); 4],
+        steps: ["a", "b", "c", "d"].map(String::from).to_vec(),
+    };
+    Ok((conn, pairs))
+}
+
 /// The queue and the worker the exchanges claim for.
 struct Pairs {
     queue: String,
@@ -126,20 +233,33 @@ struct Pairs {
 }
 
 /// One hop for `k` new runs: the time of the exchange that records the root outputs and claims the
-/// dependents. The runs are finished before it returns.
+/// dependents. The runs are finished before it returns. With `track`, `pg_stat_statements` counts the
+/// statements of that exchange, and of nothing else this connection runs.
 async fn hop(
     db: &BenchDb,
     conn: &mut PgConnection,
     pairs: &Pairs,
     k: usize,
+    track: bool,
 ) -> Result<f64, BenchError> {
     let flow = BenchFlow::Diamond;
     let runs = db.start_runs(flow.slug(), &flow.input(), k).await?;
     let roots = exchange(conn, pairs, k, &Claimed::default()).await?;
     expect(&roots, k, "root tasks")?;
+    if track {
+        sqlx::query("set pg_stat_statements.track = 'all'")
+            .execute(&mut *conn)
+            .await?;
+    }
     let began = Instant::now();
-    let dependents = exchange(conn, pairs, 2 * k, &roots).await?;
+    let dependents = exchange(conn, pairs, 2 * k, &roots).await;
     let ms = began.elapsed().as_secs_f64() * 1000.0;
+    if track {
+        sqlx::query("set pg_stat_statements.track = 'none'")
+            .execute(&mut *conn)
+            .await?;
+    }
+    let dependents = dependents?;
     expect(&dependents, 2 * k, "dependents")?;
     let last = exchange(conn, pairs, k, &dependents).await?;
     expect(&last, k, "last steps")?;

@@ -20,7 +20,9 @@
 //! of low-priority runs under a steady high-priority load, and what each flow control costs (`priority.rs`).
 //!
 //! The exchange scenario (`--only exchange`; only when named) times one `pgflow.exchange` by its size, and
-//! gives its fixed cost and its cost per output (`exchange_cost.rs`).
+//! gives its fixed cost and its cost per output (`exchange_cost.rs`). The census (`--only census`; only when
+//! named) lists every statement of one such exchange with its share of the time, from `pg_stat_statements`,
+//! which the bench's own cluster then loads.
 //!
 //! The budget scenario (`--only budget`) drains the diamond flow with each driver through a counting relay and
 //! prints round trips, statements, bytes, commits and WAL flushes per task (`budget.rs`).
@@ -165,6 +167,12 @@ struct Args {
     /// cost is fitted when there are two or more).
     #[arg(long = "exchange-sizes", value_delimiter = ',', default_values_t = [1, 4, 16, 32])]
     exchange_sizes: Vec<usize>,
+    /// Runs whose root outputs each exchange of the census records.
+    #[arg(long, default_value_t = 1)]
+    census_size: usize,
+    /// Exchanges the census counts (and as many untracked before them).
+    #[arg(long, default_value_t = 200)]
+    census_reps: usize,
 }
 
 impl Args {
@@ -407,7 +415,8 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         .then(|| pgflow_runtime::observability::otel::start_context("bench"))
         .flatten()
         .map(|v| v.to_string());
-    let db = BenchDb::open(args.profile, trace_context.as_deref()).await?;
+    let census = args.only.iter().any(|o| o == "census");
+    let db = BenchDb::open(args.profile, trace_context.as_deref(), census).await?;
     eprintln!("server: {}", db.server_version);
     eprintln!("settings: {}", db.settings);
     let mut rows: Vec<Row> = Vec::new();
@@ -419,7 +428,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     let floor_kinds = if args.only.iter().any(|o| {
         matches!(
             o.as_str(),
-            "history" | "budget" | "processes" | "probe" | "sustained"
+            "history" | "budget" | "processes" | "probe" | "sustained" | "census"
         )
     }) {
         Vec::new()
@@ -563,6 +572,12 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         db.settle().await?;
         let figures = exchange_cost::run(&db, &args.exchange_sizes, args.exchange_reps).await;
         take_figures("exchange", 1, figures, &mut rows, &mut invalid)?;
+    }
+    // Every statement of one exchange: only when named (`--only census`).
+    if census {
+        db.settle().await?;
+        let figures = exchange_cost::census(&db, args.census_size, args.census_reps).await;
+        take_figures("census", 1, figures, &mut rows, &mut invalid)?;
     }
 
     // Starvation: the community-threads burst in plain and step-queued modes.
