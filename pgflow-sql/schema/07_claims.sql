@@ -89,6 +89,16 @@
 --   clear_queue_priority                   its queue_priorities row, then the queue's PGMQ table ACCESS
 --                                          EXCLUSIVE (dropping the index; claims and sends only read the row)
 --
+-- FINDING A MESSAGE'S TASK. Every statement that goes from messages to their tasks does it one message at a
+-- time, by the task's unique key (queue_name, message_id): `from unnest(ids) as m(id) cross join lateral
+-- (select ... from pgflow.step_tasks t where t.queue_name = q and t.message_id = m.id ...)`, with the row lock
+-- (or `offset 0`) inside the subquery so that it stays a lookup per message, and the ids sorted so that the
+-- locks are taken in message order. The plain form, `t.queue_name = q and t.message_id = any (ids)`, leaves the
+-- planner free to scan the queue's tasks by queue name alone and filter them by id. It does that with a
+-- generic plan made while the tables were small or without statistics, and then reads every task the queue
+-- has ever had on every claim: 2,000 rows to claim one message on a new installation, growing with the
+-- queue's history until the next analysis.
+--
 -- Owns: claim_tasks (the classifying claim of per-step, queue and plain workers), read_and_claim_tasks (read
 -- and claim in one call), upstream's start_tasks forms, set_vt_batch and poll_for_tasks.
 
@@ -169,7 +179,8 @@ begin
   join pgflow.worker_functions wf on wf.function_name = w.function_name
   where w.worker_id = _claim_tasks.worker_id and not wf.enabled;
 
-  -- Lock order step 4: every task of the batch, in message order, classified in the same statement.
+  -- Lock order step 4: every task of the batch, in message order (v_ids is sorted), classified in the same
+  -- statement. Each task is found by its message's key (FINDING A MESSAGE'S TASK, above).
   with pairs as (
     select p.flow_slug, p.step_slug
     from unnest(_claim_tasks.flow_slugs, _claim_tasks.step_slugs) as p(flow_slug, step_slug)
@@ -186,14 +197,14 @@ begin
              when t.status = 'started' then 'defer'
              else 'archive'
            end as kind
-    from pgflow.step_tasks t
+    from unnest(v_ids) as m(id)
+    cross join lateral (
+      select t.* from pgflow.step_tasks t where t.queue_name = v_queue and t.message_id = m.id for update
+    ) t
     join pgflow.runs r on r.run_id = t.run_id
     join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug
     join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
     join pgflow.flows f on f.flow_slug = t.flow_slug
-    where t.queue_name = v_queue and t.message_id = any (v_ids)
-    order by t.message_id
-    for update of t
   ),
   classified as (
     select m.id, l.run_id, l.step_slug, l.task_index, l.started_at, l.timeout,
@@ -527,15 +538,18 @@ begin
 
   perform pgflow._lock_messages(v_queue, start_tasks.msg_ids);
 
+  -- Each task found by its message's key, locked in message order (FINDING A MESSAGE'S TASK, above).
   with candidates as (
     select t.run_id, t.step_slug, t.task_index
-    from pgflow.step_tasks t
-    where t.queue_name = v_queue
-      and t.message_id = any (start_tasks.msg_ids)
-      and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
-      and t.status = 'queued'
-    order by t.message_id
-    for update
+    from unnest(array(select distinct i from unnest(start_tasks.msg_ids) as i where i is not null order by i))
+           as m(id)
+    cross join lateral (
+      select t.* from pgflow.step_tasks t
+      where t.queue_name = v_queue and t.message_id = m.id
+        and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
+        and t.status = 'queued'
+      for update
+    ) t
   ),
   claimed as (
     update pgflow.step_tasks t
@@ -576,7 +590,9 @@ begin
   return query
   select t.flow_slug, t.run_id, t.step_slug, i.input, t.message_id, t.task_index, i.flow_input
   from unnest(v_claimed) with ordinality as c(msg_id, ord)
-  join pgflow.step_tasks t on t.queue_name = v_queue and t.message_id = c.msg_id
+  cross join lateral (
+    select t.* from pgflow.step_tasks t where t.queue_name = v_queue and t.message_id = c.msg_id offset 0
+  ) t
   join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
   join pgflow.runs r on r.run_id = t.run_id
   cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,

@@ -239,12 +239,13 @@ begin
     select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
            coalesce(array_agg(x.task_index), '{}')
     into v_run_ids, v_step_slugs, v_task_indexes
-    from (
+    -- One lookup per message, in message order (FINDING A MESSAGE'S TASK in 07_claims.sql).
+    from unnest(v_locked) as m(id)
+    cross join lateral (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
-      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+      where t.queue_name = v_group.queue_name and t.message_id = m.id
         and t.status = 'started' and t.last_worker_id = release_worker_tasks.worker_id
-      order by t.message_id
       for update
     ) x;
     perform pgflow._record_attempts('released', v_run_ids, v_step_slugs, v_task_indexes);

@@ -163,12 +163,13 @@ begin
     select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
            coalesce(array_agg(x.task_index), '{}')
     into v_run_ids, v_step_slugs, v_task_indexes
-    from (
+    -- One lookup per message, in message order (FINDING A MESSAGE'S TASK in 07_claims.sql).
+    from unnest(v_locked) as m(id)
+    cross join lateral (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
-      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+      where t.queue_name = v_group.queue_name and t.message_id = m.id
         and t.status = 'started' and t.permanently_stalled_at is null
-      order by t.message_id
       for update skip locked
     ) x;
     -- The attempts of the tasks requeued below end here (those marked permanently stalled stay started).
@@ -213,11 +214,15 @@ begin
       using v_group.ids;
       for v_task in
         select t.run_id, t.step_slug, t.task_index, t.flow_slug, t.requeued_count
-        from pgflow.step_tasks t
-        where t.queue_name = v_group.queue_name and t.message_id = any (v_gone)
-          and t.status = 'started' and t.permanently_stalled_at is null
-        order by t.message_id
-        for update skip locked
+        -- One lookup per message, in message order (FINDING A MESSAGE'S TASK in 07_claims.sql).
+        from unnest(array(select i from unnest(v_gone) as i order by i)) as m(id)
+        cross join lateral (
+          select t.run_id, t.step_slug, t.task_index, t.flow_slug, t.requeued_count
+          from pgflow.step_tasks t
+          where t.queue_name = v_group.queue_name and t.message_id = m.id
+            and t.status = 'started' and t.permanently_stalled_at is null
+          for update skip locked
+        ) t
       loop
         if v_task.requeued_count < 3 then
           perform pgflow._record_attempts('stalled', array[v_task.run_id], array[v_task.step_slug],
@@ -319,12 +324,13 @@ begin
     select coalesce(array_agg(x.run_id), '{}'), coalesce(array_agg(x.step_slug), '{}'),
            coalesce(array_agg(x.task_index), '{}')
     into v_run_ids, v_step_slugs, v_task_indexes
-    from (
+    -- One lookup per message, in message order (FINDING A MESSAGE'S TASK in 07_claims.sql).
+    from unnest(v_locked) as m(id)
+    cross join lateral (
       select t.run_id, t.step_slug, t.task_index
       from pgflow.step_tasks t
-      where t.queue_name = v_group.queue_name and t.message_id = any (v_locked)
+      where t.queue_name = v_group.queue_name and t.message_id = m.id
         and t.status = 'started' and t.last_worker_id = any (v_dead)
-      order by t.message_id
       for update skip locked
     ) x;
     perform pgflow._record_attempts('worker_lost', v_run_ids, v_step_slugs, v_task_indexes);

@@ -66,8 +66,11 @@ as $$
          t.task_index, p_worker_id, p_queue,
          jsonb_build_object('msg_id', t.message_id, 'attempt', t.attempts_count,
                             'running_worker_id', t.last_worker_id)
-  from pgflow.step_tasks t
-  where t.queue_name = p_queue and t.message_id = any (p_ids)
+  -- One lookup per message (FINDING A MESSAGE'S TASK in 07_claims.sql).
+  from unnest(p_ids) as m(id)
+  cross join lateral (
+    select t.* from pgflow.step_tasks t where t.queue_name = p_queue and t.message_id = m.id offset 0
+  ) t
 $$;
 
 -- Logs the results of a completion batch that changed nothing (the items whose position is not in

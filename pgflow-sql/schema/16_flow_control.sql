@@ -459,9 +459,12 @@ begin
                 then pgflow._limit_key(t.flow_slug, t.step_slug,
                                        (select r.input #>> k.key_path from pgflow.runs r where r.run_id = t.run_id))
            end as limit_key
-    from pgflow.step_tasks t
+    -- One lookup per message (FINDING A MESSAGE'S TASK in 07_claims.sql).
+    from unnest(p_ids) as m(id)
+    cross join lateral (
+      select t.* from pgflow.step_tasks t where t.queue_name = p_queue and t.message_id = m.id offset 0
+    ) t
     left join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
-    where t.queue_name = p_queue and t.message_id = any (p_ids)
   ) c;
   if v_ids is null then
     return;
@@ -565,7 +568,12 @@ begin
     keyed as (
       select v.msg_id, pgflow._limit_key(t.flow_slug, t.step_slug, r.input #>> k.key_path) as limit_key
       from visible v
-      join pgflow.step_tasks t on t.queue_name = $1 and t.message_id = v.msg_id and t.status = 'queued'
+      -- One lookup per message (FINDING A MESSAGE'S TASK in 07_claims.sql).
+      cross join lateral (
+        select t.* from pgflow.step_tasks t
+        where t.queue_name = $1 and t.message_id = v.msg_id and t.status = 'queued'
+        offset 0
+      ) t
       join pgflow.key_limits k on k.flow_slug = t.flow_slug and k.step_slug = t.step_slug
       join pgflow.runs r on r.run_id = t.run_id
     ),

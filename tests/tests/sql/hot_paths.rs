@@ -740,3 +740,70 @@ async fn a_queues_statements_live_and_die_with_the_queue() {
     );
     assert!(exists("outside").await, "other queues keep theirs");
 }
+
+/// Rows of `pgflow.step_tasks` the current transaction has fetched so far.
+async fn task_rows_fetched(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "select idx_tup_fetch + seq_tup_read from pg_stat_xact_user_tables
+          where schemaname = 'pgflow' and relname = 'step_tasks'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// A new installation: 2,000 queued tasks on the `dia` queue, its tables vacuumed while they were empty and
+/// never analysed since (no autovacuum while the test runs).
+async fn queue_without_statistics(pool: &sqlx::PgPool) -> uuid::Uuid {
+    let worker = crate::exchange::setup(pool).await;
+    empty_tables_without_autovacuum(pool).await;
+    exec(
+        pool,
+        "select count(*) from pgflow.start_flows('dia', array_fill('{}'::jsonb, array[2000]))",
+    )
+    .await;
+    worker
+}
+
+/// A claim finds each task by its message's key. With `queue_name = q and message_id = any (ids)`, the plan
+/// made on tables without statistics scanned the queue's tasks by name alone and filtered them by id: one
+/// claim of three messages read all 2,000 tasks of the queue.
+#[tokio::test]
+async fn a_claim_on_tables_without_statistics_reads_only_its_own_tasks() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = queue_without_statistics(pool).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let rows = crate::exchange::exchange(&mut *tx, worker, &[], 3).await;
+    let fetched = task_rows_fetched(&mut tx).await;
+    tx.commit().await.unwrap();
+    let claimed = finished_a(&rows);
+    assert_eq!(claimed.len(), 3);
+    assert!(
+        fetched <= 30,
+        "claiming 3 of the queue's 2,000 tasks fetched {fetched} task rows"
+    );
+
+    // Their outputs, recorded with the next claim: the completion and the claim of the dependents.
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let rows = crate::exchange::exchange(&mut *tx, worker, &claimed, 6).await;
+    let fetched = task_rows_fetched(&mut tx).await;
+    tx.commit().await.unwrap();
+    let outcomes: Vec<String> = rows.iter().map(|r| r.get("outcome")).collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "applied").count(),
+        3,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| *o == "claimed").count(),
+        6,
+        "{outcomes:?}"
+    );
+    assert!(
+        fetched <= 100,
+        "recording 3 outputs and claiming 6 dependents fetched {fetched} task rows"
+    );
+}
