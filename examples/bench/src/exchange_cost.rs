@@ -115,7 +115,7 @@ pub(crate) async fn run(
 pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Figure>, BenchError> {
     if k == 0 || reps == 0 {
         return Err(BenchError::Invalid(
-            "census: give a size of 1 or more and at least one repetition".into(),
+            "give a size of 1 or more and at least one repetition".into(),
         ));
     }
     let loaded: bool = sqlx::query_scalar(
@@ -125,7 +125,7 @@ pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Fi
     .await?;
     if !loaded {
         return Err(BenchError::Invalid(
-            "census: the server does not load pg_stat_statements. Leave DATABASE_URL unset (the bench's own \
+            "the server does not load pg_stat_statements. Leave DATABASE_URL unset (the bench's own \
              cluster loads it for --only census), or add pg_stat_statements to shared_preload_libraries of \
              the server and restart it"
                 .into(),
