@@ -109,9 +109,10 @@ pub(crate) async fn run(
 /// `reps` exchanges that each record `k` root outputs of the diamond and claim their `2k` dependents, as in
 /// [`run`], with `pg_stat_statements` counting only while each of them runs. One figure per statement, the
 /// heaviest first: its mean time per exchange (inclusive: a statement's time contains the statements it
-/// calls), its executions per exchange and its longest execution (one slow execution moves a mean). The first figure is the exchange itself. Tracking every nested statement
-/// costs time of its own, so the figures are shares more than durations; the exchange's median untracked, from
-/// the same number of hops just before, is given with them.
+/// calls), its executions per exchange and its longest execution (one slow execution moves a mean). The
+/// first figure is the exchange itself. Tracking every nested statement costs time of its own, so the
+/// figures are shares more than durations; the exchange's median untracked, from the same number of hops
+/// just before, is given with them.
 pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Figure>, BenchError> {
     if k == 0 || reps == 0 {
         return Err(BenchError::Invalid(
