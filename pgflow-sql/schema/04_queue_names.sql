@@ -280,11 +280,15 @@ $$;
 --                     returns them, or NULL when there is none
 --   lock_visible_ranked  the same, lowest rank first (a queue with priorities, 18_priorities.sql: through
 --                     its rank index; messages without a rank first, then by msg_id)
+--   peek_visible      up to p_n visible messages, oldest first, without locking them (held ones too); returns
+--                     their ids, or NULL when there is none
 --   visibility        set each of p_ids' vt to p_vts' matching value, add p_n to read_ct and, when p_n is 1,
 --                     stamp last_read_at; returns the ids updated
 --   archive           move p_ids' messages to the archive table (as pgmq.archive); returns the ids moved
---   send              insert p_msgs with vt p_vts[1] and headers p_headers (NULL: none; as pgmq.send_batch);
---                     returns their ids, in p_msgs order
+--   send              insert p_msgs with vt p_vts[i] (or p_vts[1] for all, when p_vts has one element) and
+--                     headers p_headers (NULL: none), as pgmq.send_batch; with p_n > 0 they are sent as read
+--                     p_n times (read_ct, last_read_at stamped): a claim's own messages; returns their ids,
+--                     in p_msgs order
 create function pgflow._create_queue_ops(p_queue text)
 returns void
 language plpgsql
@@ -320,6 +324,10 @@ begin
         from (select q.msg_id from pgmq.%2$I q where q.vt <= clock_timestamp()
               order by (q.headers ->> 'pgflow_rank')::float8 nulls first, q.msg_id
               limit p_n for update skip locked) x;
+      when 'peek_visible' then
+        select array_agg(x.msg_id order by x.msg_id) into v_ids
+        from (select q.msg_id from pgmq.%2$I q where q.vt <= clock_timestamp()
+              order by q.msg_id limit p_n) x;
       when 'visibility' then
         with updated as (
           update pgmq.%2$I q
@@ -343,8 +351,9 @@ begin
         select coalesce(array_agg(m.msg_id), '{}') into v_ids from moved m;
       when 'send' then
         with sent as (
-          insert into pgmq.%2$I (vt, message, headers)
-          select p_vts[1], m.message, p_headers[m.ord]
+          insert into pgmq.%2$I (vt, read_ct, last_read_at, message, headers)
+          select coalesce(p_vts[m.ord], p_vts[1]), coalesce(p_n, 0),
+                 case when p_n > 0 then clock_timestamp() end, m.message, p_headers[m.ord]
           from unnest(p_msgs) with ordinality as m(message, ord) order by m.ord
           returning msg_id
         )

@@ -75,15 +75,39 @@ $$;
 -- run the flow had ever had (3,000 in the test that found it). The lateral lookup (kept apart by offset 0)
 -- leaves the planner no such choice. On a queue with priorities (18_priorities.sql) each message carries its
 -- run's rank in its headers.
+--
+-- CLAIMED AT CREATION. Inside pgflow.exchange, the exchange's worker would read these tasks back from its queue
+-- in the same transaction. So when the exchange left its claim in the transaction-local setting
+-- pgflow.exchange_claim ({"queue", "worker", "budget", "pairs", "claimed"}), tasks it would claim are created
+-- claimed instead: `started` with attempt 1 for that worker, their messages sent already read once and hidden
+-- for the step timeout plus the claim buffer, as a claim leaves them; their message ids are added to
+-- "claimed" and "budget" goes down. A task qualifies when it is on the exchange's queue, its (flow, step) is
+-- one of the worker's pairs, its step has no start delay, and the queue has neither flow control nor
+-- priorities (their claims decide more than order). The queue's order is kept: the worker's read takes the
+-- queue's older visible messages first, so as many of the budget as the queue has visible messages (counted
+-- without locking, up to the budget) is left to that read, and only the rest is taken here, earliest tasks
+-- first. Such tasks are never signalled (nobody else is to read them). This takes no lock: the rows are new.
 create function pgflow._create_step_tasks(p_run_ids uuid[], p_step_slugs text[])
 returns void
 language plpgsql
 set search_path = ''
 as $$
 declare
+  v_claim jsonb := nullif(current_setting('pgflow.exchange_claim', true), '')::jsonb;
+  v_pair_flows text[];
+  v_pair_steps text[];
+  v_budget int;
+  v_take int;
+  v_ids bigint[];
   v_group record;
+  v_part record;
   v_queues text[];
 begin
+  if v_claim is not null then
+    v_budget := (v_claim ->> 'budget')::int;
+    select array_agg(p.pair ->> 0), array_agg(p.pair ->> 1) into v_pair_flows, v_pair_steps
+    from jsonb_array_elements(v_claim -> 'pairs') as p(pair);
+  end if;
   for v_group in
     select s.queue_name, coalesce(s.opt_start_delay, 0) as delay,
            pgflow._queue_aging_secs(s.queue_name) as aging_secs,
@@ -92,10 +116,16 @@ begin
            array_agg(r.flow_slug order by t.run_id, t.step_slug, t.task_index) as flow_slugs,
            array_agg(t.step_slug order by t.run_id, t.step_slug, t.task_index) as step_slugs,
            array_agg(t.task_index order by t.run_id, t.step_slug, t.task_index) as task_indexes,
-           array_agg(t.element order by t.run_id, t.step_slug, t.task_index) as elements
+           array_agg(t.element order by t.run_id, t.step_slug, t.task_index) as elements,
+           array_agg(coalesce(s.opt_timeout, f.opt_timeout) order by t.run_id, t.step_slug, t.task_index)
+             as timeouts,
+           array_agg(exists (select 1 from unnest(v_pair_flows, v_pair_steps) as p(flow_slug, step_slug)
+                             where p.flow_slug = r.flow_slug and p.step_slug = t.step_slug)
+                     order by t.run_id, t.step_slug, t.task_index) as claimable
     from unnest(p_run_ids, p_step_slugs) as x(run_id, step_slug)
     cross join lateral (select r.flow_slug, r.input, r.priority from pgflow.runs r where r.run_id = x.run_id offset 0) r
     join pgflow.steps s on s.flow_slug = r.flow_slug and s.step_slug = x.step_slug
+    join pgflow.flows f on f.flow_slug = r.flow_slug
     cross join lateral (
       select x.run_id, x.step_slug, 0 as task_index, null::jsonb as element
       where s.step_type = 'single'
@@ -112,28 +142,78 @@ begin
     ) t
     group by s.queue_name, coalesce(s.opt_start_delay, 0)
   loop
-    insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, element)
-    select m.flow_slug, m.run_id, m.step_slug, m.task_index, sent.msg_id, v_group.queue_name, m.element
-    from unnest(pgflow._queue_op(
-           v_group.queue_name, 'send', null,
-           array[clock_timestamp() + make_interval(secs => v_group.delay)], null,
-           (select array_agg(jsonb_build_object(
-                     'flow_slug', u.flow_slug,
-                     'run_id', u.run_id,
-                     'step_slug', u.step_slug,
-                     'task_index', u.task_index) order by u.ord)
-            from unnest(v_group.flow_slugs, v_group.run_ids, v_group.step_slugs, v_group.task_indexes)
-                   with ordinality as u(flow_slug, run_id, step_slug, task_index, ord)),
-           case when v_group.aging_secs is not null
-                then array(select pgflow._rank_headers(v_group.aging_secs, p.priority)
-                           from unnest(v_group.priorities) with ordinality as p(priority, ord) order by p.ord) end))
-           with ordinality as sent(msg_id, ord)
-    join unnest(v_group.flow_slugs, v_group.run_ids, v_group.step_slugs, v_group.task_indexes, v_group.elements)
-           with ordinality as m(flow_slug, run_id, step_slug, task_index, element, ord)
-      on m.ord = sent.ord;
-    v_queues := array_append(v_queues, v_group.queue_name);
+    -- CLAIMED AT CREATION (above): how many of this group the exchange's worker takes now.
+    v_take := 0;
+    if v_budget > 0 and v_group.queue_name = v_claim ->> 'queue' and v_group.delay = 0
+       and v_group.aging_secs is null and true = any (v_group.claimable)
+       and not pgflow._queue_limited(v_group.queue_name) then
+      v_take := v_budget - coalesce(cardinality(
+                  pgflow._queue_op(v_group.queue_name, 'peek_visible', null, null, v_budget)), 0);
+    end if;
+    for v_part in
+      select c.claimed,
+             array_agg(c.priority order by c.ord) as priorities,
+             array_agg(c.run_id order by c.ord) as run_ids,
+             array_agg(c.flow_slug order by c.ord) as flow_slugs,
+             array_agg(c.step_slug order by c.ord) as step_slugs,
+             array_agg(c.task_index order by c.ord) as task_indexes,
+             array_agg(c.element order by c.ord) as elements,
+             array_agg(clock_timestamp()
+                       + make_interval(secs => c.timeout::float8 + pgflow._claim_visibility_buffer_seconds())
+                       order by c.ord) as claimed_vts
+      from (
+        select u.*, u.claimable and count(*) filter (where u.claimable) over (order by u.ord) <= v_take as claimed
+        from unnest(v_group.priorities, v_group.run_ids, v_group.flow_slugs, v_group.step_slugs,
+                    v_group.task_indexes, v_group.elements, v_group.timeouts, v_group.claimable)
+               with ordinality as u(priority, run_id, flow_slug, step_slug, task_index, element, timeout,
+                                    claimable, ord)
+      ) c
+      group by c.claimed
+      order by c.claimed desc
+    loop
+      with created as (
+        insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name, element,
+                                       status, attempts_count, started_at, last_worker_id)
+        select m.flow_slug, m.run_id, m.step_slug, m.task_index, sent.msg_id, v_group.queue_name, m.element,
+               case when v_part.claimed then 'started' else 'queued' end,
+               case when v_part.claimed then 1 else 0 end,
+               case when v_part.claimed then now() end,
+               case when v_part.claimed then (v_claim ->> 'worker')::uuid end
+        from unnest(pgflow._queue_op(
+               v_group.queue_name, 'send', null,
+               case when v_part.claimed then v_part.claimed_vts
+                    else array[clock_timestamp() + make_interval(secs => v_group.delay)] end,
+               case when v_part.claimed then 1 end,
+               (select array_agg(jsonb_build_object(
+                         'flow_slug', u.flow_slug,
+                         'run_id', u.run_id,
+                         'step_slug', u.step_slug,
+                         'task_index', u.task_index) order by u.ord)
+                from unnest(v_part.flow_slugs, v_part.run_ids, v_part.step_slugs, v_part.task_indexes)
+                       with ordinality as u(flow_slug, run_id, step_slug, task_index, ord)),
+               case when v_group.aging_secs is not null
+                    then array(select pgflow._rank_headers(v_group.aging_secs, p.priority)
+                               from unnest(v_part.priorities) with ordinality as p(priority, ord) order by p.ord) end))
+               with ordinality as sent(msg_id, ord)
+        join unnest(v_part.flow_slugs, v_part.run_ids, v_part.step_slugs, v_part.task_indexes, v_part.elements)
+               with ordinality as m(flow_slug, run_id, step_slug, task_index, element, ord)
+          on m.ord = sent.ord
+        returning message_id
+      )
+      select array_agg(c.message_id) into v_ids from created c;
+      if v_part.claimed then
+        v_budget := v_budget - cardinality(v_ids);
+        v_claim := jsonb_set(jsonb_set(v_claim, '{budget}', to_jsonb(v_budget)), '{claimed}',
+                             coalesce(v_claim -> 'claimed', '[]') || to_jsonb(v_ids));
+        perform set_config('pgflow.exchange_claim', v_claim::text, true);
+      else
+        v_queues := array_append(v_queues, v_group.queue_name);
+      end if;
+    end loop;
   end loop;
-  perform pgflow._signal_queues(v_queues);
+  if v_queues is not null then
+    perform pgflow._signal_queues(v_queues);
+  end if;
 end;
 $$;
 

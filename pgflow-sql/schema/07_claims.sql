@@ -56,7 +56,8 @@
 --                                          states, run counters (_complete_task_exception, _advance_runs,
 --                                          cascade_resolve_conditions, _fail_run, _terminate_tasks re-take only
 --                                          locks already held)
---   exchange                               _complete_tasks, then a claim whose messages are taken skip
+--   exchange                               _complete_tasks (the tasks it creates claimed for its worker are
+--                                          new rows: no lock), then a claim whose messages are taken skip
 --   fail_task (both forms, _fail_task)     run; the task's message plus, when the failure can be final, the
 --                                          messages of the run's live tasks; then tasks, step states
 --   resolve_stalled_task                   run; the task's message plus, for 'fail', the run's live messages;
@@ -117,6 +118,33 @@ begin
     return '{}';
   end if;
   return pgflow._queue_op(p_queue, case when p_skip_locked then 'lock_skip_locked' else 'lock' end, p_ids);
+end;
+$$;
+
+-- The 'claimed' rows of a claim (claim_tasks' shape): one per task of queue `p_queue` behind the sorted
+-- message ids `p_msg_ids` that is `started`, in message order, with its handler's input (_task_inputs), its
+-- attempt, its effective timeout and its run's trace context. Each task is found by its message's key
+-- (FINDING A MESSAGE'S TASK, above).
+create function pgflow._claimed_rows(p_queue text, p_msg_ids bigint[])
+returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
+language plpgsql
+set search_path = ''
+as $$
+begin
+  return query
+  select 'claimed'::text, m.id, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input,
+         t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), r.trace_context
+  from unnest(p_msg_ids) with ordinality as m(id, ord)
+  cross join lateral (
+    select t.* from pgflow.step_tasks t where t.queue_name = p_queue and t.message_id = m.id offset 0
+  ) t
+  join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+  join pgflow.flows f on f.flow_slug = t.flow_slug
+  join pgflow.runs r on r.run_id = t.run_id
+  cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
+                                         t.element, r.input) i
+  where t.status = 'started'
+  order by m.ord;
 end;
 $$;
 
@@ -353,18 +381,7 @@ begin
   end if;
 
   if v_claim_ids is not null then
-    return query
-    select 'claimed'::text, c.msg_id, t.flow_slug, t.run_id, t.step_slug, t.task_index, i.input, i.flow_input,
-           t.attempts_count, coalesce(s.opt_timeout, f.opt_timeout), r.trace_context
-    from unnest(v_run_ids, v_step_slugs, v_task_indexes, v_claim_ids)
-           with ordinality as c(run_id, step_slug, task_index, msg_id, ord)
-    join pgflow.step_tasks t on t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
-    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-    join pgflow.flows f on f.flow_slug = t.flow_slug
-    join pgflow.runs r on r.run_id = t.run_id
-    cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
-                                           t.element, r.input) i
-    order by c.ord;
+    return query select * from pgflow._claimed_rows(v_queue, v_claim_ids);
   end if;
   return query
   select x.kind, x.id, null::text, null::uuid, null::text, null::int, null::jsonb, null::jsonb, null::int,

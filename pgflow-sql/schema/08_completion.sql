@@ -840,17 +840,23 @@ end;
 $$;
 
 -- Records the worker's finished outputs (fenced, exactly as complete_tasks: item i = run_ids[i],
--- done_step_slugs[i], task_indexes[i], outputs[i], attempts[i]; empty arrays: none), then reads and claims up
--- to `qty` messages of `queue_name` for the worker's (flow_slugs[j], step_slugs[j]) pairs, exactly as
--- read_and_claim_tasks (qty 0: no claim), in one transaction. Returns the rows of both, completions first:
+-- done_step_slugs[i], task_indexes[i], outputs[i], attempts[i]; empty arrays: none), then claims up to `qty`
+-- tasks of `queue_name` for the worker's (flow_slugs[j], step_slugs[j]) pairs (qty 0: no claim), in one
+-- transaction. Returns the rows of both, completions first:
 --   outcome 'applied' | 'stale'   one row per completion item naming an existing task: run_id, step_slug,
 --                                 task_index, attempts_count (the task's current attempt) and status
 --   the claim's rows              as read_and_claim_tasks
+-- The claim has two parts. Dependents that the completions start on the worker's queue, and that its read
+-- would take, are created claimed for it (CLAIMED AT CREATION, 06_runs.sql), unless the worker's function is
+-- disabled; they come first, as 'claimed' rows in message order. Then read_and_claim_tasks reads and claims
+-- the rest of `qty` from the queue, older messages first. If that read reports the batch 'unsupported' (or
+-- the function 'disabled'), the tasks created claimed stay claimed by the worker: a worker stopping on that
+-- report hands them back with release_worker_tasks, as any task it claimed ahead.
 -- When the claim finds an unsupported batch, the completions are still recorded (they are the worker's own
--- results); only the claim changes nothing. The completions' task creation is marked as the exchange's (the
--- transaction-local setting pgflow.signal_source) for pgflow._signal_queues, which also learns the exchange's
--- worker; the mark is cleared before the claim. Plans are reset first when the tables have grown
--- (pgflow._replan_if_grown).
+-- results); only the read's claim changes nothing. The completions' task creation is marked as the
+-- exchange's (the transaction-local setting pgflow.signal_source) for pgflow._signal_queues, which also
+-- learns the exchange's worker; the marks are cleared before the read. Plans are reset first when the tables
+-- have grown (pgflow._replan_if_grown).
 create function pgflow.exchange(queue_name text, worker_id uuid, flow_slugs text[], step_slugs text[], qty integer, vt integer, run_ids uuid[], done_step_slugs text[], task_indexes integer[], outputs jsonb[], attempts integer[])
 returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb, status text)
 language plpgsql
@@ -859,6 +865,10 @@ set search_path = ''
 set plan_cache_mode = 'force_generic_plan'
 set enable_seqscan = 'off'
 as $$
+declare
+  v_qty int := coalesce(exchange.qty, 0);
+  v_claimed bigint[];
+  v_n int;
 begin
   perform pgflow._replan_if_grown();
   if coalesce(cardinality(exchange.run_ids), 0) > 0 then
@@ -869,6 +879,20 @@ begin
     end if;
     perform set_config('pgflow.signal_source', 'exchange', true);
     perform set_config('pgflow.signal_worker', exchange.worker_id::text, true);
+    -- The fence (as in _claim_tasks): a worker of a disabled function claims nothing, so nothing is created
+    -- claimed for it either.
+    if v_qty > 0 and cardinality(exchange.flow_slugs) = cardinality(exchange.step_slugs)
+       and not exists (select 1 from pgflow.workers w
+                       join pgflow.worker_functions wf on wf.function_name = w.function_name
+                       where w.worker_id = exchange.worker_id and not wf.enabled) then
+      perform set_config('pgflow.exchange_claim',
+                         jsonb_build_object('queue', lower(exchange.queue_name), 'worker', exchange.worker_id,
+                                            'budget', v_qty,
+                                            'pairs', (select jsonb_agg(jsonb_build_array(p.flow_slug, p.step_slug))
+                                                      from unnest(exchange.flow_slugs, exchange.step_slugs)
+                                                             as p(flow_slug, step_slug)))::text,
+                         true);
+    end if;
     return query
     select case when c.applied then 'applied' else 'stale' end, null::bigint, (c.task).flow_slug,
            (c.task).run_id, (c.task).step_slug, (c.task).task_index, null::jsonb, null::jsonb,
@@ -876,14 +900,27 @@ begin
     from pgflow._complete_tasks(exchange.run_ids, exchange.done_step_slugs, exchange.task_indexes,
                                 exchange.outputs, exchange.attempts, exchange.worker_id) c
     order by c.ord;
+    select array_agg(c.id::bigint order by c.id::bigint) into v_claimed
+    from jsonb_array_elements_text(nullif(current_setting('pgflow.exchange_claim', true), '')::jsonb -> 'claimed')
+           as c(id);
+    perform set_config('pgflow.exchange_claim', '', true);
     perform set_config('pgflow.signal_source', '', true);
     perform set_config('pgflow.signal_worker', '', true);
+    if v_claimed is not null then
+      -- Created claimed; a task the same completions then ended (its run failed) is not returned.
+      return query
+      select c.outcome, c.msg_id, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input,
+             c.attempts_count, c.timeout, c.report, null::text
+      from pgflow._claimed_rows(lower(exchange.queue_name), v_claimed) c;
+      get diagnostics v_n = row_count;
+      v_qty := v_qty - v_n;
+    end if;
   end if;
-  if coalesce(exchange.qty, 0) > 0 then
+  if v_qty > 0 then
     return query
     select c.outcome, c.msg_id, c.flow_slug, c.run_id, c.step_slug, c.task_index, c.input, c.flow_input,
            c.attempts_count, c.timeout, c.report, null::text
-    from pgflow.read_and_claim_tasks(exchange.queue_name, exchange.qty, exchange.vt, exchange.worker_id,
+    from pgflow.read_and_claim_tasks(exchange.queue_name, v_qty, exchange.vt, exchange.worker_id,
                                      exchange.flow_slugs, exchange.step_slugs) c;
   end if;
 end;

@@ -37,16 +37,27 @@ pub(crate) async fn exchange<'c>(
     done: &[(Uuid, &str, i32, i32, serde_json::Value)],
     qty: i32,
 ) -> Vec<PgRow> {
+    exchange_for(executor, worker, &["a", "b", "c", "d"], done, qty).await
+}
+
+/// [`exchange`] by a worker that runs only the steps `serves` of flow `dia`.
+async fn exchange_for<'c>(
+    executor: impl sqlx::PgExecutor<'c>,
+    worker: Uuid,
+    serves: &[&str],
+    done: &[(Uuid, &str, i32, i32, serde_json::Value)],
+    qty: i32,
+) -> Vec<PgRow> {
+    let flows = vec!["dia"; serves.len()];
     let runs: Vec<Uuid> = done.iter().map(|d| d.0).collect();
     let steps: Vec<&str> = done.iter().map(|d| d.1).collect();
     let indexes: Vec<i32> = done.iter().map(|d| d.2).collect();
     let attempts: Vec<i32> = done.iter().map(|d| d.3).collect();
     let outputs: Vec<&serde_json::Value> = done.iter().map(|d| &d.4).collect();
     sqlx::query(
-        "select * from pgflow.exchange(queue_name => 'dia', worker_id => $1,
-           flow_slugs => array['dia', 'dia', 'dia', 'dia'], step_slugs => array['a', 'b', 'c', 'd'],
-           qty => $2, vt => 30, run_ids => $3, done_step_slugs => $4, task_indexes => $5, outputs => $6,
-           attempts => $7)",
+        "select * from pgflow.exchange(queue_name => 'dia', worker_id => $1, flow_slugs => $8,
+           step_slugs => $9, qty => $2, vt => 30, run_ids => $3, done_step_slugs => $4, task_indexes => $5,
+           outputs => $6, attempts => $7)",
     )
     .bind(worker)
     .bind(qty)
@@ -55,6 +66,8 @@ pub(crate) async fn exchange<'c>(
     .bind(&indexes)
     .bind(&outputs)
     .bind(&attempts)
+    .bind(&flows)
+    .bind(serves)
     .fetch_all(executor)
     .await
     .unwrap()
@@ -141,7 +154,248 @@ async fn an_unsupported_claim_in_an_exchange_still_records_the_outputs() {
     assert_eq!(got[0], ("applied".into(), Some("a".into())));
     assert_eq!(got.last().unwrap().0, "unsupported");
     assert_eq!(step_status(pool, run, "a").await, "completed");
+    // b and c were created claimed for the worker (the foreign message left one slot to the read); a worker
+    // stopping on the report hands them back, as any task it claimed ahead.
+    assert_eq!(task_statuses(pool, run, "b").await, ["started"]);
+    let released: i32 = sqlx::query_scalar("select pgflow.release_worker_tasks($1)")
+        .bind(worker)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(released, 2);
     assert_eq!(task_statuses(pool, run, "b").await, ["queued"]);
+    assert_eq!(task_statuses(pool, run, "c").await, ["queued"]);
+    assert_eq!(live_messages(pool, "dia").await, 3);
+    assert_eq!(visible_messages(pool, "dia").await, 3);
+}
+
+/// Messages of `queue` visible now.
+async fn visible_messages(pool: &PgPool, queue: &str) -> i64 {
+    sqlx::query_scalar(&format!(
+        "select count(*) from pgmq.q_{queue} where vt <= clock_timestamp()"
+    ))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Rows updated in `pgflow.step_tasks` and in queue `dia`'s table by the transaction so far.
+async fn updates_so_far(conn: &mut PgConnection) -> (i64, i64) {
+    sqlx::query_as(
+        "select (select n_tup_upd from pg_stat_xact_user_tables where schemaname = 'pgflow' and relname = 'step_tasks'),
+                (select n_tup_upd from pg_stat_xact_user_tables where schemaname = 'pgmq' and relname = 'q_dia')",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_exchange_creates_the_dependents_its_worker_takes_already_claimed() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let run = start(pool, "dia", json!({})).await;
+    exchange(pool, worker, &[], 1).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let rows = exchange(&mut *tx, worker, &[(run, "a", 0, 1, json!("A"))], 4).await;
+    // a's completion is the only task update; b and c were never queued, read, updated or made invisible.
+    assert_eq!(updates_so_far(&mut tx).await, (1, 0));
+    tx.commit().await.unwrap();
+    assert_eq!(
+        outcomes(&rows),
+        [
+            ("applied".into(), Some("a".into())),
+            ("claimed".into(), Some("b".into())),
+            ("claimed".into(), Some("c".into()))
+        ]
+    );
+    assert_eq!(
+        rows[1].get::<serde_json::Value, _>("input"),
+        json!({"a": "A"})
+    );
+    assert_eq!(rows[1].get::<i32, _>("attempts_count"), 1);
+    assert_eq!(rows[1].get::<i32, _>("timeout"), 30);
+
+    // As a claim leaves them: started by this worker at attempt 1, the messages read once and hidden for
+    // the step timeout plus the claim buffer.
+    for step in ["b", "c"] {
+        let (status, attempts, last_worker, read_ct, read_stamped, hidden_for): (
+            String,
+            i32,
+            Uuid,
+            i32,
+            bool,
+            f64,
+        ) = sqlx::query_as(
+            "select t.status, t.attempts_count, t.last_worker_id, q.read_ct, q.last_read_at is not null,
+                    extract(epoch from q.vt - clock_timestamp())::float8
+             from pgflow.step_tasks t join pgmq.q_dia q on q.msg_id = t.message_id
+             where t.run_id = $1 and t.step_slug = $2",
+        )
+        .bind(run)
+        .bind(step)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (
+                status.as_str(),
+                attempts,
+                last_worker,
+                read_ct,
+                read_stamped
+            ),
+            ("started", 1, worker, 1, true)
+        );
+        let buffer: f64 =
+            sqlx::query_scalar("select pgflow._claim_visibility_buffer_seconds()::float8")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        assert!(
+            hidden_for > 30.0 + buffer - 10.0 && hidden_for <= 30.0 + buffer,
+            "{step} hidden for {hidden_for} s"
+        );
+    }
+    // Their results are fenced to that attempt like any other claim's.
+    let done = exchange(
+        pool,
+        worker,
+        &[(run, "b", 0, 1, json!("B")), (run, "c", 0, 1, json!("C"))],
+        4,
+    )
+    .await;
+    assert_eq!(
+        outcomes(&done),
+        [
+            ("applied".into(), Some("b".into())),
+            ("applied".into(), Some("c".into())),
+            ("claimed".into(), Some("d".into()))
+        ]
+    );
+    assert_eq!(
+        done[2].get::<serde_json::Value, _>("input"),
+        json!({"b": "B", "c": "C"})
+    );
+}
+
+#[tokio::test]
+async fn an_exchange_leaves_its_queues_older_visible_messages_to_its_read() {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let first = start(pool, "dia", json!({})).await;
+    exchange(pool, worker, &[], 1).await;
+    let second = start(pool, "dia", json!({})).await;
+
+    // Two free slots: the older visible message (the second run's a) takes one, b the other; c waits
+    // in the queue, as a read after the completion would have left it.
+    let rows = exchange(pool, worker, &[(first, "a", 0, 1, json!("A"))], 2).await;
+    let mut claimed: Vec<(Uuid, String)> = rows
+        .iter()
+        .filter(|r| r.get::<String, _>("outcome") == "claimed")
+        .map(|r| (r.get("run_id"), r.get("step_slug")))
+        .collect();
+    claimed.sort();
+    let mut expected = vec![(first, "b".to_string()), (second, "a".to_string())];
+    expected.sort();
+    assert_eq!(claimed, expected);
+    assert_eq!(task_statuses(pool, first, "c").await, ["queued"]);
+    assert_eq!(visible_messages(pool, "dia").await, 1);
+
+    // No free slot: nothing is created claimed.
+    let rows = exchange(pool, worker, &[(second, "a", 0, 1, json!("A"))], 0).await;
+    assert_eq!(outcomes(&rows), [("applied".into(), Some("a".into()))]);
+    assert_eq!(task_statuses(pool, second, "b").await, ["queued"]);
+    assert_eq!(task_statuses(pool, second, "c").await, ["queued"]);
+}
+
+/// Records run `run`'s `a` through one exchange with 4 free slots by a worker of `steps`, and returns the
+/// outcomes and how many task and message rows the transaction updated.
+async fn record_a(
+    pool: &PgPool,
+    worker: Uuid,
+    steps: &[&str],
+    run: Uuid,
+) -> (Vec<(String, Option<String>)>, (i64, i64)) {
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let rows = exchange_for(&mut *tx, worker, steps, &[(run, "a", 0, 1, json!("A"))], 4).await;
+    let updates = updates_so_far(&mut tx).await;
+    tx.commit().await.unwrap();
+    (outcomes(&rows), updates)
+}
+
+#[tokio::test]
+async fn flow_control_priorities_start_delays_and_the_fence_keep_their_claims() {
+    // Each of these decides more than queue order, so b and c are queued and claimed by the read (which
+    // updates their tasks and messages) or not claimed at all.
+    for case in ["limit", "priority", "delay", "disabled", "pairs"] {
+        let db = test_db().await;
+        let pool = db.pool();
+        let mut worker = setup(pool).await;
+        let mut steps = vec!["a", "b", "c", "d"];
+        if case == "pairs" {
+            // A worker of the same function that runs only a, b and d from the queue.
+            worker = Uuid::new_v4();
+            steps = vec!["a", "b", "d"];
+            sqlx::query(
+                "select pgflow.register_worker(worker_id => $1, function_name => 'dia', queue_name => 'dia',
+                   flow_slugs => array['dia', 'dia', 'dia'], step_slugs => $2)",
+            )
+            .bind(worker)
+            .bind(&steps)
+            .execute(pool)
+            .await
+            .unwrap();
+        }
+        let run = start(pool, "dia", json!({})).await;
+        exchange_for(pool, worker, &steps, &[], 1).await;
+        let change = match case {
+            "limit" => "select pgflow.set_queue_limit('dia', 10)",
+            "priority" => "select pgflow.set_queue_priority('dia', interval '1 minute')",
+            "delay" => "update pgflow.steps set opt_start_delay = 1 where step_slug = 'c'",
+            "disabled" => "select pgflow.disable_worker_function('dia', 'deploy')",
+            _ => "select 1",
+        };
+        exec(pool, change).await;
+        let (got, updates) = record_a(pool, worker, &steps, run).await;
+        let claimed = |steps: &[&str]| -> Vec<(String, Option<String>)> {
+            std::iter::once(("applied".to_string(), Some("a".to_string())))
+                .chain(
+                    steps
+                        .iter()
+                        .map(|s| ("claimed".to_string(), Some(s.to_string()))),
+                )
+                .collect()
+        };
+        match case {
+            "limit" | "priority" => {
+                assert_eq!(got, claimed(&["b", "c"]), "{case}");
+                // At least a's completion and the read's claim of b and c.
+                assert!(updates.0 >= 3 && updates.1 >= 2, "{case}: {updates:?}");
+            }
+            // b is created claimed; c waits for its delay, then for a claim.
+            "delay" => {
+                assert_eq!(got, claimed(&["b"]), "{case}");
+                assert_eq!(task_statuses(pool, run, "c").await, ["queued"], "{case}");
+            }
+            "disabled" => {
+                assert_eq!(got[0], ("applied".into(), Some("a".into())), "{case}");
+                assert_eq!(got[1].0, "disabled", "{case}");
+                assert_eq!(task_statuses(pool, run, "b").await, ["queued"], "{case}");
+            }
+            _ => {
+                // b is this worker's; c is not, and the read reports it.
+                assert_eq!(got[..2], claimed(&["b"])[..], "{case}");
+                assert_eq!(got.last().unwrap().0, "unsupported", "{case}");
+                assert_eq!(task_statuses(pool, run, "c").await, ["queued"], "{case}");
+            }
+        }
+    }
 }
 
 #[tokio::test]
