@@ -9,7 +9,8 @@
 --   The read that follows claims the rest of the worker's free slots.
 -- - The queues' statements functions gain `peek_visible` and a `send` with a vt per message and a read count.
 --   The installed ones are dropped here and created again in the new form on first use.
--- - The claimed rows' query is one function, pgflow._claimed_rows, for _claim_tasks and exchange.
+-- - The claimed rows' query is one function, pgflow._claimed_rows, for _claim_tasks, exchange and upstream's
+--   start_tasks.
 
 do $$
 declare
@@ -385,6 +386,84 @@ begin
 end;
 $$;
 -- ---- end pgflow._claim_tasks ----
+
+-- ---- as in schema/07_claims.sql : pgflow.start_tasks ----
+create or replace function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid, queue_name text)
+returns setof pgflow.step_task_record
+language plpgsql
+security definer
+set search_path = ''
+set plan_cache_mode = 'force_generic_plan'
+set enable_seqscan = 'off'
+as $$
+declare
+  v_queue text := lower(start_tasks.queue_name);
+  v_claimed bigint[];
+  v_vts timestamptz[];
+  v_updated int;
+begin
+  if msg_ids is null or cardinality(msg_ids) = 0 then
+    return;
+  end if;
+  perform pgflow._replan_if_grown();
+
+  perform pgflow._lock_messages(v_queue, start_tasks.msg_ids);
+
+  -- Each task found by its message's key, locked in message order (FINDING A MESSAGE'S TASK, above).
+  with candidates as (
+    select t.run_id, t.step_slug, t.task_index
+    from unnest(array(select distinct i from unnest(start_tasks.msg_ids) as i where i is not null order by i))
+           as m(id)
+    cross join lateral (
+      select t.* from pgflow.step_tasks t
+      where t.queue_name = v_queue and t.message_id = m.id
+        and (start_tasks.flow_slug is null or t.flow_slug = start_tasks.flow_slug)
+        and t.status = 'queued'
+      for update
+    ) t
+  ),
+  claimed as (
+    update pgflow.step_tasks t
+    set status = 'started',
+        attempts_count = t.attempts_count + 1,
+        -- A claim whose transaction began before the task was queued still starts it no earlier
+        -- than it was queued (started_at_is_after_queued_at).
+        started_at = greatest(now(), t.queued_at),
+        last_worker_id = start_tasks.worker_id
+    from candidates c, pgflow.runs r, pgflow.step_states ss
+    where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+      and t.status = 'queued'
+      and r.run_id = t.run_id and r.status = 'started'
+      and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
+    returning t.message_id, t.flow_slug, t.step_slug
+  )
+  select array_agg(c.message_id order by c.message_id),
+         array_agg(clock_timestamp() + make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout)::float8
+                                                             + pgflow._claim_visibility_buffer_seconds())
+                   order by c.message_id)
+  into v_claimed, v_vts
+  from claimed c
+  join pgflow.steps s on s.flow_slug = c.flow_slug and s.step_slug = c.step_slug
+  join pgflow.flows f on f.flow_slug = c.flow_slug;
+
+  if v_claimed is null then
+    return;
+  end if;
+
+  -- Visibility only: read count and last read time as they were (p_n = 0).
+  v_updated := coalesce(cardinality(pgflow._queue_op(v_queue, 'visibility', v_claimed, v_vts, 0)), 0);
+  if v_updated <> cardinality(v_claimed) then
+    raise exception 'start_tasks(): visibility updated % of % claimed messages', v_updated, cardinality(v_claimed)
+      using detail = format('queue %s, messages %s', v_queue, v_claimed::text),
+            hint = 'A claimed message is missing from its queue; no task was claimed.';
+  end if;
+
+  return query
+  select c.flow_slug, c.run_id, c.step_slug, c.input, c.msg_id, c.task_index, c.flow_input
+  from pgflow._claimed_rows(v_queue, v_claimed) c;
+end;
+$$;
+-- ---- end pgflow.start_tasks ----
 
 -- ---- as in schema/06_runs.sql : pgflow._create_step_tasks ----
 create or replace function pgflow._create_step_tasks(p_run_ids uuid[], p_step_slugs text[])

@@ -124,7 +124,8 @@ $$;
 -- The 'claimed' rows of a claim (claim_tasks' shape): one per task of queue `p_queue` behind the sorted
 -- message ids `p_msg_ids` that is `started`, in message order, with its handler's input (_task_inputs), its
 -- attempt, its effective timeout and its run's trace context. Each task is found by its message's key
--- (FINDING A MESSAGE'S TASK, above).
+-- (FINDING A MESSAGE'S TASK, above). Every claim returns its tasks through it: _claim_tasks, exchange (the
+-- tasks created claimed) and upstream's start_tasks (its columns of these rows).
 create function pgflow._claimed_rows(p_queue text, p_msg_ids bigint[])
 returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
 language plpgsql
@@ -605,16 +606,8 @@ begin
   end if;
 
   return query
-  select t.flow_slug, t.run_id, t.step_slug, i.input, t.message_id, t.task_index, i.flow_input
-  from unnest(v_claimed) with ordinality as c(msg_id, ord)
-  cross join lateral (
-    select t.* from pgflow.step_tasks t where t.queue_name = v_queue and t.message_id = c.msg_id offset 0
-  ) t
-  join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-  join pgflow.runs r on r.run_id = t.run_id
-  cross join lateral pgflow._task_inputs(t.run_id, t.flow_slug, t.step_slug, s.step_type, s.deps_count,
-                                         t.element, r.input) i
-  order by c.ord;
+  select c.flow_slug, c.run_id, c.step_slug, c.input, c.msg_id, c.task_index, c.flow_input
+  from pgflow._claimed_rows(v_queue, v_claimed) c;
 end;
 $$;
 
