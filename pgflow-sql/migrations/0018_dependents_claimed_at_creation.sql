@@ -10,7 +10,7 @@
 -- - The queues' statements functions gain `peek_visible` and a `send` with a vt per message and a read count.
 --   The installed ones are dropped here and created again in the new form on first use.
 -- - The claimed rows' query is one function, pgflow._claimed_rows, for _claim_tasks, exchange and upstream's
---   start_tasks.
+--   start_tasks; the disabled-function fence is one, pgflow._worker_disabled, for _claim_tasks and exchange.
 
 do $$
 declare
@@ -116,6 +116,23 @@ end;
 $$;
 -- ---- end pgflow._create_queue_ops ----
 
+-- ---- as in schema/07_claims.sql : pgflow._worker_disabled ----
+create or replace function pgflow._worker_disabled(p_worker_id uuid)
+returns jsonb
+language plpgsql
+stable
+set search_path = ''
+as $$
+begin
+  return (select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
+                                    'disabled_at', wf.disabled_at)
+          from pgflow.workers w
+          join pgflow.worker_functions wf on wf.function_name = w.function_name
+          where w.worker_id = p_worker_id and not wf.enabled);
+end;
+$$;
+-- ---- end pgflow._worker_disabled ----
+
 -- ---- as in schema/07_claims.sql : pgflow._claimed_rows ----
 create or replace function pgflow._claimed_rows(p_queue text, p_msg_ids bigint[])
 returns table(outcome text, msg_id bigint, flow_slug text, run_id uuid, step_slug text, task_index integer, input jsonb, flow_input jsonb, attempts_count integer, timeout integer, report jsonb)
@@ -189,12 +206,7 @@ begin
   end if;
 
   -- The fence: a worker of a disabled function claims nothing.
-  select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
-                            'disabled_at', wf.disabled_at)
-  into v_disabled
-  from pgflow.workers w
-  join pgflow.worker_functions wf on wf.function_name = w.function_name
-  where w.worker_id = _claim_tasks.worker_id and not wf.enabled;
+  v_disabled := pgflow._worker_disabled(_claim_tasks.worker_id);
 
   -- Lock order step 4: every task of the batch, in message order (v_ids is sorted), classified in the same
   -- statement. Each task is found by its message's key (FINDING A MESSAGE'S TASK, above).
@@ -620,12 +632,9 @@ begin
     end if;
     perform set_config('pgflow.signal_source', 'exchange', true);
     perform set_config('pgflow.signal_worker', exchange.worker_id::text, true);
-    -- The fence (as in _claim_tasks): a worker of a disabled function claims nothing, so nothing is created
-    -- claimed for it either.
+    -- Nothing is created claimed for a worker of a disabled function (the claims' fence).
     if v_qty > 0 and cardinality(exchange.flow_slugs) = cardinality(exchange.step_slugs)
-       and not exists (select 1 from pgflow.workers w
-                       join pgflow.worker_functions wf on wf.function_name = w.function_name
-                       where w.worker_id = exchange.worker_id and not wf.enabled) then
+       and pgflow._worker_disabled(exchange.worker_id) is null then
       perform set_config('pgflow.exchange_claim',
                          jsonb_build_object('queue', lower(exchange.queue_name), 'worker', exchange.worker_id,
                                             'budget', v_qty,
@@ -668,5 +677,6 @@ end;
 $$;
 -- ---- end pgflow.exchange ----
 
--- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the new function.
+-- Schema-level default privileges cannot take EXECUTE away from PUBLIC: revoked here for the new functions.
+revoke execute on function pgflow._worker_disabled(uuid) from public;
 revoke execute on function pgflow._claimed_rows(text, bigint[]) from public;

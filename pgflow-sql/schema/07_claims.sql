@@ -121,6 +121,24 @@ begin
 end;
 $$;
 
+-- The fence of every claim: NULL when worker `p_worker_id` may claim, else the report of its disabled function,
+-- {"function_name", "reason", "disabled_at"} (claim_tasks' 'disabled' row). A worker of a disabled function
+-- claims nothing, and nothing is created claimed for it (exchange).
+create function pgflow._worker_disabled(p_worker_id uuid)
+returns jsonb
+language plpgsql
+stable
+set search_path = ''
+as $$
+begin
+  return (select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
+                                    'disabled_at', wf.disabled_at)
+          from pgflow.workers w
+          join pgflow.worker_functions wf on wf.function_name = w.function_name
+          where w.worker_id = p_worker_id and not wf.enabled);
+end;
+$$;
+
 -- The 'claimed' rows of a claim (claim_tasks' shape): one per task of queue `p_queue` behind the sorted
 -- message ids `p_msg_ids` that is `started`, in message order, with its handler's input (_task_inputs), its
 -- attempt, its effective timeout and its run's trace context. Each task is found by its message's key
@@ -201,12 +219,7 @@ begin
   end if;
 
   -- The fence: a worker of a disabled function claims nothing.
-  select jsonb_build_object('function_name', wf.function_name, 'reason', wf.disabled_reason,
-                            'disabled_at', wf.disabled_at)
-  into v_disabled
-  from pgflow.workers w
-  join pgflow.worker_functions wf on wf.function_name = w.function_name
-  where w.worker_id = _claim_tasks.worker_id and not wf.enabled;
+  v_disabled := pgflow._worker_disabled(_claim_tasks.worker_id);
 
   -- Lock order step 4: every task of the batch, in message order (v_ids is sorted), classified in the same
   -- statement. Each task is found by its message's key (FINDING A MESSAGE'S TASK, above).

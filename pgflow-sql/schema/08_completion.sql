@@ -879,12 +879,9 @@ begin
     end if;
     perform set_config('pgflow.signal_source', 'exchange', true);
     perform set_config('pgflow.signal_worker', exchange.worker_id::text, true);
-    -- The fence (as in _claim_tasks): a worker of a disabled function claims nothing, so nothing is created
-    -- claimed for it either.
+    -- Nothing is created claimed for a worker of a disabled function (the claims' fence).
     if v_qty > 0 and cardinality(exchange.flow_slugs) = cardinality(exchange.step_slugs)
-       and not exists (select 1 from pgflow.workers w
-                       join pgflow.worker_functions wf on wf.function_name = w.function_name
-                       where w.worker_id = exchange.worker_id and not wf.enabled) then
+       and pgflow._worker_disabled(exchange.worker_id) is null then
       perform set_config('pgflow.exchange_claim',
                          jsonb_build_object('queue', lower(exchange.queue_name), 'worker', exchange.worker_id,
                                             'budget', v_qty,
