@@ -119,8 +119,9 @@ begin
            array_agg(t.element order by t.run_id, t.step_slug, t.task_index) as elements,
            array_agg(coalesce(s.opt_timeout, f.opt_timeout) order by t.run_id, t.step_slug, t.task_index)
              as timeouts,
-           array_agg(exists (select 1 from unnest(v_pair_flows, v_pair_steps) as p(flow_slug, step_slug)
-                             where p.flow_slug = r.flow_slug and p.step_slug = t.step_slug)
+           array_agg(v_claim is not null
+                     and exists (select 1 from unnest(v_pair_flows, v_pair_steps) as p(flow_slug, step_slug)
+                                 where p.flow_slug = r.flow_slug and p.step_slug = t.step_slug)
                      order by t.run_id, t.step_slug, t.task_index) as claimable
     from unnest(p_run_ids, p_step_slugs) as x(run_id, step_slug)
     cross join lateral (select r.flow_slug, r.input, r.priority from pgflow.runs r where r.run_id = x.run_id offset 0) r
@@ -160,7 +161,7 @@ begin
              array_agg(c.element order by c.ord) as elements,
              array_agg(clock_timestamp()
                        + make_interval(secs => c.timeout::float8 + pgflow._claim_visibility_buffer_seconds())
-                       order by c.ord) as claimed_vts
+                       order by c.ord) filter (where c.claimed) as claimed_vts
       from (
         select u.*, u.claimable and count(*) filter (where u.claimable) over (order by u.ord) <= v_take as claimed
         from unnest(v_group.priorities, v_group.run_ids, v_group.flow_slugs, v_group.step_slugs,
