@@ -78,7 +78,7 @@ $$;
 --
 -- CLAIMED AT CREATION. Inside pgflow.exchange, the exchange's worker would read these tasks back from its queue
 -- in the same transaction. So when the exchange left its claim in the transaction-local setting
--- pgflow.exchange_claim ({"queue", "worker", "budget", "pairs", "claimed"}), tasks it would claim are created
+-- pgflow.exchange_claim ({"queue", "worker", "budget", "pairs", "claimed", "read"}), tasks it would claim are created
 -- claimed instead: `started` with attempt 1 for that worker, their messages sent already read once and hidden
 -- for the step timeout plus the claim buffer, as a claim leaves them; their message ids are added to
 -- "claimed" and "budget" goes down. A task qualifies when it is on the exchange's queue, its (flow, step) is
@@ -87,6 +87,10 @@ $$;
 -- queue's older visible messages first, so as many of the budget as the queue has visible messages (counted
 -- without locking, up to the budget) is left to that read, and only the rest is taken here, earliest tasks
 -- first. Such tasks are never signalled (nobody else is to read them). This takes no lock: the rows are new.
+-- The exchange reads its queue for the rest of its budget only when that read has something to find: "read"
+-- is set when a count found visible messages, or when a task on the exchange's queue was created queued.
+-- Otherwise the read could find only messages that became visible after the count; a read a moment earlier
+-- misses those the same way, and their senders signal the queue.
 create function pgflow._create_step_tasks(p_run_ids uuid[], p_step_slugs text[])
 returns void
 language plpgsql
@@ -150,6 +154,10 @@ begin
        and not pgflow._queue_limited(v_group.queue_name) then
       v_take := v_budget - coalesce(cardinality(
                   pgflow._queue_op(v_group.queue_name, 'peek_visible', null, null, v_budget)), 0);
+      if v_take < v_budget and not (v_claim ? 'read') then
+        v_claim := jsonb_set(v_claim, '{read}', 'true');
+        perform set_config('pgflow.exchange_claim', v_claim::text, true);
+      end if;
     end if;
     for v_part in
       select c.claimed,
@@ -209,6 +217,10 @@ begin
         perform set_config('pgflow.exchange_claim', v_claim::text, true);
       else
         v_queues := array_append(v_queues, v_group.queue_name);
+        if v_claim is not null and v_group.queue_name = v_claim ->> 'queue' and not (v_claim ? 'read') then
+          v_claim := jsonb_set(v_claim, '{read}', 'true');
+          perform set_config('pgflow.exchange_claim', v_claim::text, true);
+        end if;
       end if;
     end loop;
   end loop;

@@ -394,8 +394,7 @@ declare
   v_exceptions int[];
   v_applied int[] := '{}';
   v_ord int;
-  v_queue text[];
-  v_msg bigint[];
+  v_archived int;
   v_done record;
   v_done_runs uuid[];
   v_done_steps text[];
@@ -505,7 +504,7 @@ begin
   ) c;
 
   if v_normal is not null then
-    -- Tasks, then their messages.
+    -- Tasks, then their messages, in one statement.
     with done as (
       update pgflow.step_tasks t
       set status = 'completed', completed_at = now(), output = i.output
@@ -515,12 +514,11 @@ begin
         and t.run_id = i.run_id and t.step_slug = i.step_slug and t.task_index = i.task_index
       returning t.queue_name, t.message_id
     )
-    select array_agg(d.queue_name), array_agg(d.message_id) into v_queue, v_msg from done d;
-    perform pgflow._queue_op(g.queue_name, 'archive', g.ids)
-    from (select q.queue_name, array_agg(q.msg) as ids
-          from unnest(v_queue, v_msg) as q(queue_name, msg)
-          where q.msg is not null
-          group by q.queue_name) g;
+    select count(pgflow._queue_op(g.queue_name, 'archive', g.ids)) into v_archived
+    from (select d.queue_name, array_agg(d.message_id) as ids
+          from done d
+          where d.message_id is not null
+          group by d.queue_name) g;
     v_applied := v_normal;
 
     -- Step counters; a step whose last task finished completes with its output (a map: the task outputs in
@@ -632,26 +630,23 @@ begin
       from decided d
       where c.run_id = d.run_id and c.step_slug = d.child
       returning c.run_id, c.step_slug, d.ready, d.plain, d.start, c.started_at, c.remaining_tasks
+    ),
+    -- The runs' step counters, in the same statement.
+    runs_counted_down as (
+      update pgflow.runs r
+      set remaining_steps = r.remaining_steps - c.n
+      from (select d.run_id, count(*)::int as n from unnest(v_done_runs) as d(run_id) group by d.run_id) c
+      where r.run_id = c.run_id
+      returning r.run_id, r.remaining_steps
     )
     select array_agg(r.run_id order by r.run_id, r.step_slug) filter (where r.start),
            array_agg(r.step_slug order by r.run_id, r.step_slug) filter (where r.start),
            array_agg(r.started_at order by r.run_id, r.step_slug) filter (where r.start),
            array_agg(r.remaining_tasks order by r.run_id, r.step_slug) filter (where r.start),
-           array_agg(distinct r.run_id) filter (where r.ready and not r.plain)
-    into v_start_runs, v_start_steps, v_start_ats, v_start_tasks, v_ready_runs
+           array_agg(distinct r.run_id) filter (where r.ready and not r.plain),
+           (select array_agg(c.run_id) filter (where c.remaining_steps = 0) from runs_counted_down c)
+    into v_start_runs, v_start_steps, v_start_ats, v_start_tasks, v_ready_runs, v_finished_runs
     from released r;
-
-    with counted as (
-      select d.run_id, count(*)::int as n from unnest(v_done_runs) as d(run_id) group by d.run_id
-    ),
-    counted_down as (
-      update pgflow.runs r
-      set remaining_steps = r.remaining_steps - c.n
-      from counted c
-      where r.run_id = c.run_id
-      returning r.run_id, r.remaining_steps
-    )
-    select array_agg(c.run_id) filter (where c.remaining_steps = 0) into v_finished_runs from counted_down c;
 
     -- The steps started above: their events, in run and step order, then their tasks (as _start_ready_steps).
     if v_start_runs is not null then
@@ -849,9 +844,11 @@ $$;
 -- The claim has two parts. Dependents that the completions start on the worker's queue, and that its read
 -- would take, are created claimed for it (CLAIMED AT CREATION, 06_runs.sql), unless the worker's function is
 -- disabled; they come first, as 'claimed' rows in message order. Then read_and_claim_tasks reads and claims
--- the rest of `qty` from the queue, older messages first. If that read reports the batch 'unsupported' (or
--- the function 'disabled'), the tasks created claimed stay claimed by the worker: a worker stopping on that
--- report hands them back with release_worker_tasks, as any task it claimed ahead.
+-- the rest of `qty` from the queue, older messages first; after tasks created claimed, only when the queue had
+-- visible messages or a completion created a task on it queued (the read would find nothing else). If that
+-- read reports the batch 'unsupported' (or the function 'disabled'), the tasks created claimed stay claimed
+-- by the worker: a worker stopping on that report hands them back with release_worker_tasks, as any task it
+-- claimed ahead.
 -- When the claim finds an unsupported batch, the completions are still recorded (they are the worker's own
 -- results); only the read's claim changes nothing. The completions' task creation is marked as the
 -- exchange's (the transaction-local setting pgflow.signal_source) for pgflow._signal_queues, which also
@@ -867,6 +864,7 @@ set enable_seqscan = 'off'
 as $$
 declare
   v_qty int := coalesce(exchange.qty, 0);
+  v_claim jsonb;
   v_claimed bigint[];
   v_n int;
 begin
@@ -877,8 +875,8 @@ begin
       raise exception 'exchange(): every completion needs the attempt its claim returned'
         using errcode = 'invalid_parameter_value';
     end if;
-    perform set_config('pgflow.signal_source', 'exchange', true);
-    perform set_config('pgflow.signal_worker', exchange.worker_id::text, true);
+    perform set_config('pgflow.signal_source', 'exchange', true),
+            set_config('pgflow.signal_worker', exchange.worker_id::text, true);
     -- Nothing is created claimed for a worker of a disabled function (the claims' fence).
     if v_qty > 0 and cardinality(exchange.flow_slugs) = cardinality(exchange.step_slugs)
        and pgflow._worker_disabled(exchange.worker_id) is null then
@@ -897,12 +895,11 @@ begin
     from pgflow._complete_tasks(exchange.run_ids, exchange.done_step_slugs, exchange.task_indexes,
                                 exchange.outputs, exchange.attempts, exchange.worker_id) c
     order by c.ord;
+    v_claim := nullif(current_setting('pgflow.exchange_claim', true), '')::jsonb;
     select array_agg(c.id::bigint order by c.id::bigint) into v_claimed
-    from jsonb_array_elements_text(nullif(current_setting('pgflow.exchange_claim', true), '')::jsonb -> 'claimed')
-           as c(id);
-    perform set_config('pgflow.exchange_claim', '', true);
-    perform set_config('pgflow.signal_source', '', true);
-    perform set_config('pgflow.signal_worker', '', true);
+    from jsonb_array_elements_text(v_claim -> 'claimed') as c(id);
+    perform set_config('pgflow.exchange_claim', '', true), set_config('pgflow.signal_source', '', true),
+            set_config('pgflow.signal_worker', '', true);
     if v_claimed is not null then
       -- Created claimed; a task the same completions then ended (its run failed) is not returned.
       return query
@@ -911,6 +908,10 @@ begin
       from pgflow._claimed_rows(lower(exchange.queue_name), v_claimed) c;
       get diagnostics v_n = row_count;
       v_qty := v_qty - v_n;
+      -- The read for the rest is skipped when it has nothing to find (CLAIMED AT CREATION, 06_runs.sql).
+      if not (v_claim ? 'read') then
+        v_qty := 0;
+      end if;
     end if;
   end if;
   if v_qty > 0 then

@@ -313,6 +313,84 @@ async fn an_exchange_leaves_its_queues_older_visible_messages_to_its_read() {
     assert_eq!(task_statuses(pool, second, "c").await, ["queued"]);
 }
 
+/// How many times this transaction has called `pgflow.read_and_claim_tasks` (with `track_functions` on).
+async fn reads_so_far(conn: &mut PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "select coalesce(sum(calls), 0)::bigint from pg_stat_xact_user_functions
+         where schemaname = 'pgflow' and funcname = 'read_and_claim_tasks'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_exchange_reads_its_queue_after_claims_at_creation_only_when_the_read_can_find_something(
+) {
+    let db = test_db().await;
+    let pool = db.pool();
+    let worker = setup(pool).await;
+    let first = start(pool, "dia", json!({})).await;
+    exchange(pool, worker, &[], 1).await;
+
+    // Records `run`'s a with four free slots, by `worker` running `serves`; the outcomes and the reads made.
+    let record = |worker: Uuid, serves: &'static [&'static str], run: Uuid| async move {
+        let mut conn = pool.acquire().await.unwrap();
+        let mut tx = conn.begin().await.unwrap();
+        sqlx::query("set local track_functions = 'pl'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let rows = exchange_for(&mut *tx, worker, serves, &[(run, "a", 0, 1, json!("A"))], 4).await;
+        let reads = reads_so_far(&mut tx).await;
+        tx.commit().await.unwrap();
+        (outcomes(&rows), reads)
+    };
+    let all: &'static [&'static str] = &["a", "b", "c", "d"];
+
+    // Nothing else is on the queue: b and c are created claimed, and the two other free slots read nothing.
+    let (got, reads) = record(worker, all, first).await;
+    assert_eq!(
+        got,
+        [
+            ("applied".into(), Some("a".into())),
+            ("claimed".into(), Some("b".into())),
+            ("claimed".into(), Some("c".into()))
+        ]
+    );
+    assert_eq!(reads, 0, "no read when the queue had nothing visible");
+
+    // An older visible message: the read runs, and takes it.
+    let second = start(pool, "dia", json!({})).await;
+    exchange(pool, worker, &[], 1).await;
+    let third = start(pool, "dia", json!({})).await;
+    let (got, reads) = record(worker, all, second).await;
+    assert_eq!(reads, 1, "the read takes the older visible message");
+    assert!(
+        got.contains(&("claimed".into(), Some("a".into()))),
+        "{got:?}"
+    );
+    assert_eq!(task_statuses(pool, third, "a").await, ["started"]);
+
+    // A task created queued on the queue (c, which this worker does not run): the read runs and reports it.
+    let partial = Uuid::new_v4();
+    let some: &'static [&'static str] = &["a", "b", "d"];
+    sqlx::query(
+        "select pgflow.register_worker(worker_id => $1, function_name => 'dia', queue_name => 'dia',
+           flow_slugs => array['dia', 'dia', 'dia'], step_slugs => $2)",
+    )
+    .bind(partial)
+    .bind(some)
+    .execute(pool)
+    .await
+    .unwrap();
+    let fourth = start(pool, "dia", json!({})).await;
+    exchange_for(pool, partial, some, &[], 1).await;
+    let (got, reads) = record(partial, some, fourth).await;
+    assert_eq!(reads, 1, "the read looks at the task created queued");
+    assert_eq!(got.last().unwrap().0, "unsupported", "{got:?}");
+}
+
 /// Records run `run`'s `a` through one exchange with 4 free slots by a worker of `steps`, and returns the
 /// outcomes and how many task and message rows the transaction updated.
 async fn record_a(
