@@ -325,31 +325,17 @@ async fn reads_so_far(conn: &mut PgConnection) -> i64 {
 }
 
 #[tokio::test]
-async fn an_exchange_reads_its_queue_after_claims_at_creation_only_when_the_read_can_find_something(
-) {
+async fn the_read_after_claims_at_creation_runs_only_when_it_can_find_something() {
     let db = test_db().await;
     let pool = db.pool();
     let worker = setup(pool).await;
     let first = start(pool, "dia", json!({})).await;
     exchange(pool, worker, &[], 1).await;
 
-    // Records `run`'s a with four free slots, by `worker` running `serves`; the outcomes and the reads made.
-    let record = |worker: Uuid, serves: &'static [&'static str], run: Uuid| async move {
-        let mut conn = pool.acquire().await.unwrap();
-        let mut tx = conn.begin().await.unwrap();
-        sqlx::query("set local track_functions = 'pl'")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        let rows = exchange_for(&mut *tx, worker, serves, &[(run, "a", 0, 1, json!("A"))], 4).await;
-        let reads = reads_so_far(&mut tx).await;
-        tx.commit().await.unwrap();
-        (outcomes(&rows), reads)
-    };
-    let all: &'static [&'static str] = &["a", "b", "c", "d"];
+    let all = ["a", "b", "c", "d"];
 
     // Nothing else is on the queue: b and c are created claimed, and the two other free slots read nothing.
-    let (got, reads) = record(worker, all, first).await;
+    let (got, _, reads) = record_a(pool, worker, &all, first).await;
     assert_eq!(
         got,
         [
@@ -364,7 +350,7 @@ async fn an_exchange_reads_its_queue_after_claims_at_creation_only_when_the_read
     let second = start(pool, "dia", json!({})).await;
     exchange(pool, worker, &[], 1).await;
     let third = start(pool, "dia", json!({})).await;
-    let (got, reads) = record(worker, all, second).await;
+    let (got, _, reads) = record_a(pool, worker, &all, second).await;
     assert_eq!(reads, 1, "the read takes the older visible message");
     assert!(
         got.contains(&("claimed".into(), Some("a".into()))),
@@ -373,38 +359,53 @@ async fn an_exchange_reads_its_queue_after_claims_at_creation_only_when_the_read
     assert_eq!(task_statuses(pool, third, "a").await, ["started"]);
 
     // A task created queued on the queue (c, which this worker does not run): the read runs and reports it.
-    let partial = Uuid::new_v4();
-    let some: &'static [&'static str] = &["a", "b", "d"];
-    sqlx::query(
-        "select pgflow.register_worker(worker_id => $1, function_name => 'dia', queue_name => 'dia',
-           flow_slugs => array['dia', 'dia', 'dia'], step_slugs => $2)",
-    )
-    .bind(partial)
-    .bind(some)
-    .execute(pool)
-    .await
-    .unwrap();
+    let partial = worker_of(pool, &WITHOUT_C).await;
     let fourth = start(pool, "dia", json!({})).await;
-    exchange_for(pool, partial, some, &[], 1).await;
-    let (got, reads) = record(partial, some, fourth).await;
+    exchange_for(pool, partial, &WITHOUT_C, &[], 1).await;
+    let (got, _, reads) = record_a(pool, partial, &WITHOUT_C, fourth).await;
     assert_eq!(reads, 1, "the read looks at the task created queued");
     assert_eq!(got.last().unwrap().0, "unsupported", "{got:?}");
 }
 
+/// The steps of a worker of flow `dia` that does not run c.
+const WITHOUT_C: [&str; 3] = ["a", "b", "d"];
+
+/// Registers a worker of `dia`'s function, on its queue, that runs only `steps` of it.
+async fn worker_of(pool: &PgPool, steps: &[&str]) -> Uuid {
+    let worker = Uuid::new_v4();
+    let flows = vec!["dia"; steps.len()];
+    sqlx::query(
+        "select pgflow.register_worker(worker_id => $1, function_name => 'dia', queue_name => 'dia',
+           flow_slugs => $2, step_slugs => $3)",
+    )
+    .bind(worker)
+    .bind(&flows)
+    .bind(steps)
+    .execute(pool)
+    .await
+    .unwrap();
+    worker
+}
+
 /// Records run `run`'s `a` through one exchange with 4 free slots by a worker of `steps`, and returns the
-/// outcomes and how many task and message rows the transaction updated.
+/// outcomes, how many task and message rows the transaction updated, and how many reads it made.
 async fn record_a(
     pool: &PgPool,
     worker: Uuid,
     steps: &[&str],
     run: Uuid,
-) -> (Vec<(String, Option<String>)>, (i64, i64)) {
+) -> (Vec<(String, Option<String>)>, (i64, i64), i64) {
     let mut conn = pool.acquire().await.unwrap();
     let mut tx = conn.begin().await.unwrap();
+    sqlx::query("set local track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     let rows = exchange_for(&mut *tx, worker, steps, &[(run, "a", 0, 1, json!("A"))], 4).await;
     let updates = updates_so_far(&mut tx).await;
+    let reads = reads_so_far(&mut tx).await;
     tx.commit().await.unwrap();
-    (outcomes(&rows), updates)
+    (outcomes(&rows), updates, reads)
 }
 
 #[tokio::test]
@@ -418,17 +419,8 @@ async fn flow_control_priorities_start_delays_and_the_fence_keep_their_claims() 
         let mut steps = vec!["a", "b", "c", "d"];
         if case == "pairs" {
             // A worker of the same function that runs only a, b and d from the queue.
-            worker = Uuid::new_v4();
-            steps = vec!["a", "b", "d"];
-            sqlx::query(
-                "select pgflow.register_worker(worker_id => $1, function_name => 'dia', queue_name => 'dia',
-                   flow_slugs => array['dia', 'dia', 'dia'], step_slugs => $2)",
-            )
-            .bind(worker)
-            .bind(&steps)
-            .execute(pool)
-            .await
-            .unwrap();
+            steps = WITHOUT_C.to_vec();
+            worker = worker_of(pool, &steps).await;
         }
         let run = start(pool, "dia", json!({})).await;
         exchange_for(pool, worker, &steps, &[], 1).await;
@@ -440,7 +432,7 @@ async fn flow_control_priorities_start_delays_and_the_fence_keep_their_claims() 
             _ => "select 1",
         };
         exec(pool, change).await;
-        let (got, updates) = record_a(pool, worker, &steps, run).await;
+        let (got, updates, _) = record_a(pool, worker, &steps, run).await;
         let claimed = |steps: &[&str]| -> Vec<(String, Option<String>)> {
             std::iter::once(("applied".to_string(), Some("a".to_string())))
                 .chain(
