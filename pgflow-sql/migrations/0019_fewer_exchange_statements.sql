@@ -5,7 +5,7 @@
 --   queue, it used to read that queue for nothing.
 -- - _complete_tasks archives the completed tasks' messages in the statement that completes the tasks, and
 --   counts the runs' steps down in the statement that releases the dependents.
--- - pgflow.exchange sets and clears its transaction-local settings in one statement each.
+-- - pgflow.exchange sets its two signal settings in one statement, and clears its three settings in one.
 
 -- ---- as in schema/06_runs.sql : pgflow._create_step_tasks ----
 create or replace function pgflow._create_step_tasks(p_run_ids uuid[], p_step_slugs text[])
