@@ -179,15 +179,28 @@ async fn visible_messages(pool: &PgPool, queue: &str) -> i64 {
     .unwrap()
 }
 
-/// Rows updated in `pgflow.step_tasks` and in queue `dia`'s table by the transaction so far.
-async fn updates_so_far(conn: &mut PgConnection) -> (i64, i64) {
-    sqlx::query_as(
-        "select (select n_tup_upd from pg_stat_xact_user_tables where schemaname = 'pgflow' and relname = 'step_tasks'),
-                (select n_tup_upd from pg_stat_xact_user_tables where schemaname = 'pgmq' and relname = 'q_dia')",
+/// This session's counts of rows updated in `pgflow.step_tasks` and in queue `dia`'s table, and of calls of
+/// `pgflow.read_and_claim_tasks` (counted only with `track_functions` on). PostgreSQL keeps them in the session
+/// until it reports them, at most once a second and never inside a transaction, so they can include earlier
+/// transactions' counts: a test takes the difference over its own transaction ([`since`]).
+async fn counts(conn: &mut PgConnection) -> [i64; 3] {
+    let (tasks, messages, reads): (i64, i64, i64) = sqlx::query_as(
+        "select coalesce((select n_tup_upd from pg_stat_xact_user_tables
+                          where schemaname = 'pgflow' and relname = 'step_tasks'), 0),
+                coalesce((select n_tup_upd from pg_stat_xact_user_tables
+                          where schemaname = 'pgmq' and relname = 'q_dia'), 0),
+                coalesce((select sum(calls) from pg_stat_xact_user_functions
+                          where schemaname = 'pgflow' and funcname = 'read_and_claim_tasks'), 0)::bigint",
     )
     .fetch_one(&mut *conn)
     .await
-    .unwrap()
+    .unwrap();
+    [tasks, messages, reads]
+}
+
+/// The [`counts`] added between `before` and `after`: task updates, message updates, reads.
+fn since(before: [i64; 3], after: [i64; 3]) -> [i64; 3] {
+    [0, 1, 2].map(|i| after[i] - before[i])
 }
 
 #[tokio::test]
@@ -200,9 +213,11 @@ async fn an_exchange_creates_the_dependents_its_worker_takes_already_claimed() {
 
     let mut conn = pool.acquire().await.unwrap();
     let mut tx = conn.begin().await.unwrap();
+    let before = counts(&mut tx).await;
     let rows = exchange(&mut *tx, worker, &[(run, "a", 0, 1, json!("A"))], 4).await;
     // a's completion is the only task update; b and c were never queued, read, updated or made invisible.
-    assert_eq!(updates_so_far(&mut tx).await, (1, 0));
+    let [tasks, messages, _] = since(before, counts(&mut tx).await);
+    assert_eq!((tasks, messages), (1, 0));
     tx.commit().await.unwrap();
     assert_eq!(
         outcomes(&rows),
@@ -313,17 +328,6 @@ async fn an_exchange_leaves_its_queues_older_visible_messages_to_its_read() {
     assert_eq!(task_statuses(pool, second, "c").await, ["queued"]);
 }
 
-/// How many times this transaction has called `pgflow.read_and_claim_tasks` (with `track_functions` on).
-async fn reads_so_far(conn: &mut PgConnection) -> i64 {
-    sqlx::query_scalar(
-        "select coalesce(sum(calls), 0)::bigint from pg_stat_xact_user_functions
-         where schemaname = 'pgflow' and funcname = 'read_and_claim_tasks'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap()
-}
-
 #[tokio::test]
 async fn the_read_after_claims_at_creation_runs_only_when_it_can_find_something() {
     let db = test_db().await;
@@ -401,11 +405,11 @@ async fn record_a(
         .execute(&mut *tx)
         .await
         .unwrap();
+    let before = counts(&mut tx).await;
     let rows = exchange_for(&mut *tx, worker, steps, &[(run, "a", 0, 1, json!("A"))], 4).await;
-    let updates = updates_so_far(&mut tx).await;
-    let reads = reads_so_far(&mut tx).await;
+    let [tasks, messages, reads] = since(before, counts(&mut tx).await);
     tx.commit().await.unwrap();
-    (outcomes(&rows), updates, reads)
+    (outcomes(&rows), (tasks, messages), reads)
 }
 
 #[tokio::test]
