@@ -23,6 +23,7 @@ declare
   v_group record;
   v_part record;
   v_queues text[];
+  v_read boolean := false;
 begin
   if v_claim is not null then
     v_budget := (v_claim ->> 'budget')::int;
@@ -71,10 +72,7 @@ begin
        and not pgflow._queue_limited(v_group.queue_name) then
       v_take := v_budget - coalesce(cardinality(
                   pgflow._queue_op(v_group.queue_name, 'peek_visible', null, null, v_budget)), 0);
-      if v_take < v_budget and not (v_claim ? 'read') then
-        v_claim := jsonb_set(v_claim, '{read}', 'true');
-        perform set_config('pgflow.exchange_claim', v_claim::text, true);
-      end if;
+      v_read := v_read or v_take < v_budget;
     end if;
     for v_part in
       select c.claimed,
@@ -134,13 +132,13 @@ begin
         perform set_config('pgflow.exchange_claim', v_claim::text, true);
       else
         v_queues := array_append(v_queues, v_group.queue_name);
-        if v_claim is not null and v_group.queue_name = v_claim ->> 'queue' and not (v_claim ? 'read') then
-          v_claim := jsonb_set(v_claim, '{read}', 'true');
-          perform set_config('pgflow.exchange_claim', v_claim::text, true);
-        end if;
+        v_read := v_read or coalesce(v_group.queue_name = v_claim ->> 'queue', false);
       end if;
     end loop;
   end loop;
+  if v_read and not (v_claim ? 'read') then
+    perform set_config('pgflow.exchange_claim', jsonb_set(v_claim, '{read}', 'true')::text, true);
+  end if;
   if v_queues is not null then
     perform pgflow._signal_queues(v_queues);
   end if;

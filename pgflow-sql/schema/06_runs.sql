@@ -78,10 +78,10 @@ $$;
 --
 -- CLAIMED AT CREATION. Inside pgflow.exchange, the exchange's worker would read these tasks back from its queue
 -- in the same transaction. So when the exchange left its claim in the transaction-local setting
--- pgflow.exchange_claim ({"queue", "worker", "budget", "pairs", "claimed", "read"}), tasks it would claim are created
--- claimed instead: `started` with attempt 1 for that worker, their messages sent already read once and hidden
--- for the step timeout plus the claim buffer, as a claim leaves them; their message ids are added to
--- "claimed" and "budget" goes down. A task qualifies when it is on the exchange's queue, its (flow, step) is
+-- pgflow.exchange_claim ({"queue", "worker", "budget", "pairs", "claimed", "read"}), tasks it would claim are
+-- created claimed instead: `started` with attempt 1 for that worker, their messages sent already read once
+-- and hidden for the step timeout plus the claim buffer, as a claim leaves them; their message ids are added
+-- to "claimed" and "budget" goes down. A task qualifies when it is on the exchange's queue, its (flow, step) is
 -- one of the worker's pairs, its step has no start delay, and the queue has neither flow control nor
 -- priorities (their claims decide more than order). The queue's order is kept: the worker's read takes the
 -- queue's older visible messages first, so as many of the budget as the queue has visible messages (counted
@@ -106,6 +106,7 @@ declare
   v_group record;
   v_part record;
   v_queues text[];
+  v_read boolean := false;
 begin
   if v_claim is not null then
     v_budget := (v_claim ->> 'budget')::int;
@@ -154,10 +155,7 @@ begin
        and not pgflow._queue_limited(v_group.queue_name) then
       v_take := v_budget - coalesce(cardinality(
                   pgflow._queue_op(v_group.queue_name, 'peek_visible', null, null, v_budget)), 0);
-      if v_take < v_budget and not (v_claim ? 'read') then
-        v_claim := jsonb_set(v_claim, '{read}', 'true');
-        perform set_config('pgflow.exchange_claim', v_claim::text, true);
-      end if;
+      v_read := v_read or v_take < v_budget;
     end if;
     for v_part in
       select c.claimed,
@@ -217,13 +215,13 @@ begin
         perform set_config('pgflow.exchange_claim', v_claim::text, true);
       else
         v_queues := array_append(v_queues, v_group.queue_name);
-        if v_claim is not null and v_group.queue_name = v_claim ->> 'queue' and not (v_claim ? 'read') then
-          v_claim := jsonb_set(v_claim, '{read}', 'true');
-          perform set_config('pgflow.exchange_claim', v_claim::text, true);
-        end if;
+        v_read := v_read or coalesce(v_group.queue_name = v_claim ->> 'queue', false);
       end if;
     end loop;
   end loop;
+  if v_read and not (v_claim ? 'read') then
+    perform set_config('pgflow.exchange_claim', jsonb_set(v_claim, '{read}', 'true')::text, true);
+  end if;
   if v_queues is not null then
     perform pgflow._signal_queues(v_queues);
   end if;
