@@ -10,6 +10,10 @@
 //!    task_index, output)` per task (its own autocommit transaction), with up to K tasks in flight at once.
 //! 4. **Batch barrier**: the next poll is sent only when every task of the batch has completed, as upstream's
 //!    worker waits for a batch before it reads again.
+//! 5. **Stop**: `select pgflow.mark_worker_stopped(worker_id)`, as upstream's worker does when it shuts down.
+//!    Without it the worker row would count as a live worker of the queue for the liveness window (30 s),
+//!    and a pgflow-rs worker started on the same queue in that time would take a smaller share of
+//!    `completion_flushers`.
 //!
 //! So a task costs 1 `complete_task` round trip and commit of its own, plus its share (≥ 1/10) of one poll and
 //! one claim. At K above the batch size (10) the barrier caps the concurrency at the batch.
@@ -130,6 +134,10 @@ pub(crate) async fn worker(
             .try_collect::<()>()
             .await?;
     }
+    sqlx::query("select pgflow.mark_worker_stopped(worker_id => $1)")
+        .bind(worker_id)
+        .execute(&mut poll)
+        .await?;
     poll.close().await?;
     for conn in lanes.into_inner().expect("lanes lock") {
         conn.close().await?;
