@@ -228,7 +228,7 @@ impl BenchDb {
         }
     }
 
-    /// Registers a worker row (the claim records the worker id).
+    /// Registers a worker row (the claim records the worker id); [`stop_worker`] marks it stopped.
     pub(crate) async fn register_worker(&self, queue: &str) -> Result<Uuid, sqlx::Error> {
         let id = Uuid::new_v4();
         sqlx::query(
@@ -473,4 +473,18 @@ impl BenchFlow {
             BenchFlow::Map10 => "benchMap10",
         }
     }
+}
+
+/// Marks worker `id` stopped, as a worker does when it shuts down (the worker rows the bench registers itself).
+/// A row left live counts as a peer of its queue's workers for the liveness window (30 s), and they run fewer
+/// exchanges meanwhile.
+pub(crate) async fn stop_worker(
+    conn: impl sqlx::PgExecutor<'_>,
+    id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("select pgflow.mark_worker_stopped(worker_id => $1)")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
 }

@@ -59,6 +59,7 @@ pub(crate) async fn run(
             }
         }
     }
+    crate::db::stop_worker(&mut conn, pairs.worker).await?;
 
     let medians: Vec<f64> = times
         .iter_mut()
@@ -110,9 +111,13 @@ pub(crate) async fn run(
 /// [`run`], with `pg_stat_statements` counting only while each of them runs. One figure per statement, the
 /// heaviest first: its mean time per exchange (inclusive: a statement's time contains the statements it
 /// calls), its executions per exchange and its longest execution (one slow execution moves a mean). The
-/// first figure is the exchange itself. Tracking every nested statement costs time of its own, so the
-/// figures are shares more than durations; the exchange's median untracked, from the same number of hops
-/// just before, is given with them.
+/// first figure is the exchange itself. Before the statements, one figure per function of schema `pgflow`
+/// the exchange calls (`track_functions`, counting only while the exchange runs): its own time and its time
+/// with the functions it calls, per exchange. A function's own time holds what no statement's time does:
+/// `pg_stat_statements` times a statement from the start of its run, so the executor start-up and end of
+/// every statement the function runs count only there. Tracking costs time of its own, so the figures are
+/// shares more than durations; the exchange's median untracked, from the same number of hops just before,
+/// is given with them.
 pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Figure>, BenchError> {
     if k == 0 || reps == 0 {
         return Err(BenchError::Invalid(
@@ -147,11 +152,14 @@ pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Fi
     )
     .execute(&mut conn)
     .await?;
+    let before = function_times(&mut conn).await?;
     let mut tracked = Vec::with_capacity(reps);
     for _ in 0..reps {
         tracked.push(hop(db, &mut conn, &pairs, k, true).await?);
     }
     tracked.sort_by(f64::total_cmp);
+    let after = function_times(&mut conn).await?;
+    crate::db::stop_worker(&mut conn, pairs.worker).await?;
     let rows: Vec<(i64, f64, f64, String)> = sqlx::query_as(
         "select s.calls, s.total_exec_time, s.max_exec_time, s.query from pg_stat_statements s \
          where s.dbid = (select oid from pg_database where datname = current_database()) \
@@ -170,6 +178,30 @@ pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Fi
             percentile(&tracked, 0.5)
         ),
     }];
+    // The functions: a function's total holds what no statement's time does, the executor start-up and
+    // end of every statement it runs (pg_stat_statements times a statement from its run on).
+    let mut functions: Vec<(String, i64, f64, f64)> = after
+        .into_iter()
+        .filter_map(|(name, (calls, total, own))| {
+            let (c0, t0, o0) = before.get(&name).copied().unwrap_or((0, 0.0, 0.0));
+            (calls > c0).then(|| (name, calls - c0, total - t0, own - o0))
+        })
+        .collect();
+    functions.sort_by(|a, b| b.3.total_cmp(&a.3));
+    figures.extend(
+        functions
+            .into_iter()
+            .map(|(name, calls, total_ms, own_ms)| Figure {
+                what: format!("census, function: {name}"),
+                value: own_ms * 1000.0 / n,
+                unit: "µs own",
+                extra: format!(
+                    "{:.2} calls per exchange; {:.0} µs per exchange with the functions it calls",
+                    calls as f64 / n,
+                    total_ms * 1000.0 / n
+                ),
+            }),
+    );
     figures.extend(
         rows.into_iter()
             .map(|(calls, total_ms, max_ms, query)| Figure {
@@ -185,6 +217,27 @@ pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Fi
             }),
     );
     Ok(figures)
+}
+
+/// Every function of schema `pgflow` this database has timed so far: its calls and its total and own times
+/// in ms, by name. This session's counts are flushed first, so that they are in.
+async fn function_times(
+    conn: &mut PgConnection,
+) -> Result<std::collections::HashMap<String, (i64, f64, f64)>, BenchError> {
+    sqlx::query("select pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await?;
+    // The flush happens when the transaction that asked for it ends; this reads in a new one.
+    let rows: Vec<(String, i64, f64, f64)> = sqlx::query_as(
+        "select f.schemaname || '.' || f.funcname, f.calls, f.total_time, f.self_time \
+         from pg_stat_user_functions f where f.schemaname = 'pgflow'",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, calls, total, own)| (name, (calls, total, own)))
+        .collect())
 }
 
 /// A statement's text on one line, short enough for a table cell, without the characters that would end it.
@@ -248,7 +301,7 @@ async fn hop(
     let roots = exchange(conn, pairs, k, &Claimed::default()).await?;
     expect(&roots, k, "root tasks")?;
     if track {
-        sqlx::query("set pg_stat_statements.track = 'all'")
+        sqlx::raw_sql("set pg_stat_statements.track = 'all'; set track_functions = 'all'")
             .execute(&mut *conn)
             .await?;
     }
@@ -256,7 +309,7 @@ async fn hop(
     let dependents = exchange(conn, pairs, 2 * k, &roots).await;
     let ms = began.elapsed().as_secs_f64() * 1000.0;
     if track {
-        sqlx::query("set pg_stat_statements.track = 'none'")
+        sqlx::raw_sql("set pg_stat_statements.track = 'none'; set track_functions = 'none'")
             .execute(&mut *conn)
             .await?;
     }

@@ -134,10 +134,7 @@ pub(crate) async fn worker(
             .try_collect::<()>()
             .await?;
     }
-    sqlx::query("select pgflow.mark_worker_stopped(worker_id => $1)")
-        .bind(worker_id)
-        .execute(&mut poll)
-        .await?;
+    crate::db::stop_worker(&mut poll, worker_id).await?;
     poll.close().await?;
     for conn in lanes.into_inner().expect("lanes lock") {
         conn.close().await?;
