@@ -178,8 +178,8 @@ pub(crate) async fn census(db: &BenchDb, k: usize, reps: usize) -> Result<Vec<Fi
             percentile(&tracked, 0.5)
         ),
     }];
-    // The functions: a function's total holds what no statement's time does, the executor start-up and
-    // end of every statement it runs (pg_stat_statements times a statement from its run on).
+    // The functions: a function's times hold what no statement's time does, the executor start-up and end
+    // of every statement it runs (pg_stat_statements times a statement from its run on).
     let mut functions: Vec<(String, i64, f64, f64)> = after
         .into_iter()
         .filter_map(|(name, (calls, total, own))| {
