@@ -15,6 +15,10 @@ use crate::BenchError;
 pub(crate) struct BenchDb {
     /// Keeps the throwaway cluster alive (removed on drop or exit).
     temp: Option<TempPostgres>,
+    /// The server's connection, outside the bench's database (to drop it at the end).
+    admin: PgConnectOptions,
+    /// The bench's database.
+    name: String,
     pub(crate) options: PgConnectOptions,
     pub(crate) pool: PgPool,
     pub(crate) server_version: String,
@@ -145,7 +149,7 @@ impl BenchDb {
             warm_wal(&mut conn).await?;
         }
         conn.close().await?;
-        let options = admin.database(&name);
+        let options = admin.clone().database(&name);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(60))
@@ -164,12 +168,31 @@ impl BenchDb {
         .await?;
         Ok(BenchDb {
             temp,
+            admin,
+            name,
             options,
             pool,
             server_version,
             settings,
             profile,
         })
+    }
+
+    /// Drops the bench's database on a server given by `DATABASE_URL` (the throwaway cluster goes as a whole
+    /// at exit), after closing the bench's connections to it.
+    pub(crate) async fn remove(self) -> Result<(), BenchError> {
+        self.pool.close().await;
+        if self.temp.is_none() {
+            let mut conn = PgConnection::connect_with(&self.admin).await?;
+            sqlx::query(&format!(
+                "drop database if exists \"{}\" with (force)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await?;
+            conn.close().await?;
+        }
+        Ok(())
     }
 
     /// Whether the server is the benchmark's own throwaway cluster (removed at exit with everything on it).

@@ -4,9 +4,9 @@
 //! `cargo run --release -p pgflow-bench --bin bench [-- --seconds 5 --tasks 6000 --k 1,4,16]`
 //!
 //! With `DATABASE_URL` unset it starts a throwaway PostgreSQL with the production defaults (`fsync`
-//! and `synchronous_commit` on); with it set, it creates a database of its own on that server. It
-//! prints a markdown table; every figure is also given as a ratio to the raw PGMQ floor measured in
-//! the same run at the same concurrency. A run that does not complete makes the benchmark invalid:
+//! and `synchronous_commit` on); with it set, it creates a database of its own on that server and drops
+//! it when it ends, also after a failed scenario. It prints a markdown table; every figure is also given
+//! as a ratio to the raw PGMQ floor measured in the same run at the same concurrency. A run that does not complete makes the benchmark invalid:
 //! the process then exits non-zero.
 //!
 //! The history scenario (`--only history`; last in a full run, because it grows the database) drains the
@@ -417,6 +417,20 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         .map(|v| v.to_string());
     let census = args.only.iter().any(|o| o == "census");
     let db = BenchDb::open(args.profile, trace_context.as_deref(), census).await?;
+    let measured = measure(args, &db, census, started).await;
+    // On a server given by DATABASE_URL, the bench's database goes too, also after a failed scenario.
+    let removed = db.remove().await;
+    measured?;
+    removed
+}
+
+/// Every scenario `args` asks for, on `db` (`census`: the census is among them); prints the results.
+async fn measure(
+    args: &Args,
+    db: &BenchDb,
+    census: bool,
+    started: Instant,
+) -> Result<(), BenchError> {
     eprintln!("server: {}", db.server_version);
     eprintln!("settings: {}", db.settings);
     let mut rows: Vec<Row> = Vec::new();
@@ -442,7 +456,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     for kind in floor_kinds {
         for &k in &args.ks {
             db.settle().await?;
-            let rate = floor::run(&db, kind, k, seconds).await?;
+            let rate = floor::run(db, kind, k, seconds).await?;
             eprintln!("{} K={k}: {rate:.0} msg/s", kind.label());
             rows.push(Row {
                 what: kind.label().into(),
@@ -472,9 +486,9 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             if !args.wants(&[driver.tag(), flow.name()]) {
                 continue;
             }
-            let row = drain(&db, flow, driver, args.tasks, AfterDrain::DeleteFlow).await;
+            let row = drain(db, flow, driver, args.tasks, AfterDrain::DeleteFlow).await;
             record(
-                &db,
+                db,
                 &mut rows,
                 &mut invalid,
                 row,
@@ -509,7 +523,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         for starts in &args.latency_starts {
             for load in &args.latency_loads {
                 let row = latency(
-                    &db,
+                    db,
                     flow,
                     driver,
                     *starts,
@@ -525,7 +539,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
                     load * 100.0,
                     starts.label()
                 );
-                record(&db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
+                record(db, &mut rows, &mut invalid, row, label, driver.k(), flow).await?;
                 latency_ran = true;
             }
         }
@@ -537,7 +551,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     let first_floor = floor_at(&rows, k_max, FloorKind::RelayBatched.label());
     if let (Some(first), true) = (first_floor, latency_ran) {
         db.settle().await?;
-        let again = floor::run(&db, FloorKind::RelayBatched, k_max, seconds).await?;
+        let again = floor::run(db, FloorKind::RelayBatched, k_max, seconds).await?;
         let change = again / first - 1.0;
         let verdict = if change.abs() <= QUIET_WITHIN {
             "quiet"
@@ -562,21 +576,21 @@ async fn run(args: &Args) -> Result<(), BenchError> {
 
     // Many worker processes, and the idle latency probe: only when named (`--only processes`, `--only probe`).
     if args.only.iter().any(|o| o == "processes") {
-        rows.extend(processes::processes(&db, &args.processes).await?);
+        rows.extend(processes::processes(db, &args.processes).await?);
     }
     if args.only.iter().any(|o| o == "probe") {
-        rows.extend(processes::probe_latency(&db, &args.processes).await?);
+        rows.extend(processes::probe_latency(db, &args.processes).await?);
     }
     // What one exchange costs by its size: only when named (`--only exchange`).
     if args.only.iter().any(|o| o == "exchange") {
         db.settle().await?;
-        let figures = exchange_cost::run(&db, &args.exchange_sizes, args.exchange_reps).await;
+        let figures = exchange_cost::run(db, &args.exchange_sizes, args.exchange_reps).await;
         take_figures("exchange", 1, figures, &mut rows, &mut invalid)?;
     }
     // Every statement of one exchange: only when named (`--only census`).
     if census {
         db.settle().await?;
-        let figures = exchange_cost::census(&db, args.census_size, args.census_reps).await;
+        let figures = exchange_cost::census(db, args.census_size, args.census_reps).await;
         take_figures("census", 1, figures, &mut rows, &mut invalid)?;
     }
 
@@ -626,7 +640,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             retention: Duration::from_secs(args.sustained_retention),
             k: args.ks.iter().copied().max().unwrap_or(16),
         };
-        match sustained::run(&db, settings).await {
+        match sustained::run(db, settings).await {
             Ok(sustained_rows) => rows.extend(sustained_rows),
             Err(BenchError::Invalid(message)) => {
                 eprintln!("sustained: INVALID: {message}");
@@ -639,7 +653,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // Flow control and schedules: tenant B's wait behind tenant A's backlog, schedule fire lateness.
     if args.wants(&["control"]) {
         db.settle().await?;
-        let figures = control::run(&db, args.control_backlog, args.control_seconds).await;
+        let figures = control::run(db, args.control_backlog, args.control_seconds).await;
         take_figures("control", 16, figures, &mut rows, &mut invalid)?;
     }
 
@@ -647,7 +661,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     if args.wants(&["priority"]) {
         db.settle().await?;
         let figures = priority::run(
-            &db,
+            db,
             args.priority_seconds,
             args.priority_runs,
             args.priority_rounds,
@@ -671,7 +685,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
     // Budget: round trips, statements, bytes, commits and WAL flushes per task, through a counting relay.
     let mut budget = None;
     if args.wants(&["budget"]) {
-        match budget::run(&db, &args.budget_ks, args.budget_tasks).await {
+        match budget::run(db, &args.budget_ks, args.budget_tasks).await {
             Ok(report) => budget = Some(report),
             Err(BenchError::Invalid(message)) => {
                 eprintln!("budget: INVALID: {message}");
@@ -690,7 +704,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
             repeat: args.history_repeat,
             flows,
         };
-        match history::run(&db, &settings).await {
+        match history::run(db, &settings).await {
             Ok(report) => history = Some(report),
             Err(BenchError::Invalid(message)) => {
                 eprintln!("history: INVALID: {message}");
@@ -700,7 +714,7 @@ async fn run(args: &Args) -> Result<(), BenchError> {
         }
     }
 
-    print_table(&db, args, &rows, floor_at, started.elapsed());
+    print_table(db, args, &rows, floor_at, started.elapsed());
     if let Some(report) = budget {
         report.print();
     }
