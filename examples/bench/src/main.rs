@@ -6,8 +6,8 @@
 //! With `DATABASE_URL` unset it starts a throwaway PostgreSQL with the production defaults (`fsync`
 //! and `synchronous_commit` on); with it set, it creates a database of its own on that server and drops
 //! it when it ends, also after a failed scenario. It prints a markdown table; every figure is also given
-//! as a ratio to the raw PGMQ floor measured in the same run at the same concurrency. A run that does not complete makes the benchmark invalid:
-//! the process then exits non-zero.
+//! as a ratio to the raw PGMQ floor measured in the same run at the same concurrency. A run that does
+//! not complete makes the benchmark invalid: the process then exits non-zero.
 //!
 //! The history scenario (`--only history`; last in a full run, because it grows the database) drains the
 //! same bursts on an empty database and again on a million finished tasks, and times the maintenance
