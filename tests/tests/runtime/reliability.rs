@@ -16,7 +16,10 @@ use uuid::Uuid;
 use crate::support::{self, LIMIT};
 
 /// Makes the run's started task look stalled and lets recovery requeue it (as if its worker had been cut
-/// off for longer than the step timeout plus the stall buffer).
+/// off for longer than the step timeout plus the stall buffer). The worker's own maintenance sweep (every
+/// 5 s, one caller at a time) may requeue it first, or hold its message while this call runs (recovery
+/// skips what it cannot lock at once); so recovery is called until the task's stalled attempt is recorded,
+/// and exactly one is.
 async fn requeue_as_stalled(pool: &PgPool, run: Uuid) {
     pool.execute(
         format!(
@@ -27,11 +30,24 @@ async fn requeue_as_stalled(pool: &PgPool, run: Uuid) {
     )
     .await
     .unwrap();
-    let n: i32 = sqlx::query_scalar("select pgflow.requeue_stalled_tasks()")
+    let stalled = || async {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pgflow.task_attempts where run_id = $1 and outcome = 'stalled'",
+        )
+        .bind(run)
         .fetch_one(pool)
         .await
-        .unwrap();
-    assert_eq!(n, 1);
+        .unwrap()
+    };
+    pgflow_tests::wait_until(LIMIT, "recovery to requeue the stalled task", || async {
+        sqlx::query_scalar::<_, i32>("select pgflow.requeue_stalled_tasks()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        stalled().await > 0
+    })
+    .await;
+    assert_eq!(stalled().await, 1);
 }
 
 static LATE_OUTPUT_GATE: LazyLock<Notify> = LazyLock::new(Notify::new);
